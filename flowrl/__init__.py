@@ -1,0 +1,70 @@
+"""flowrl: turn what a running agent does into training data and a better model for it.
+
+`import flowrl` is light: it imports no torch, transformers, trl, peft or datasets. Every public
+name is resolved on first use from the module that defines it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # capture
+    "hook_into_agent": "flowrl.capture",
+    "Hook": "flowrl.capture",
+    "TraceCollector": "flowrl.capture",
+    # schema and store
+    "ExecutionTrace": "flowrl.schema",
+    "ToolCallTrace": "flowrl.schema",
+    "ReasoningStep": "flowrl.schema",
+    "LLMCall": "flowrl.schema",
+    "TraceStore": "flowrl.store",
+    "Redactor": "flowrl.redact",
+    "FlowRLError": "flowrl.errors",
+    # ingest
+    "CheckpointLoader": "flowrl.ingest",
+    # rewards
+    "RewardResult": "flowrl.rewards",
+    "RewardEngine": "flowrl.rewards",
+    "CodeExecutionReward": "flowrl.rewards",
+    "SyntaxValidationReward": "flowrl.rewards",
+    "ToolSuccessReward": "flowrl.rewards",
+    "TaskCompletionReward": "flowrl.rewards",
+    "EfficiencyReward": "flowrl.rewards",
+    "FormatComplianceReward": "flowrl.rewards",
+    "LearnedReward": "flowrl.rewards",
+    "LLMJudgeReward": "flowrl.rewards",
+    # datasets
+    "KTODatasetBuilder": "flowrl.data",
+    "GRPODatasetBuilder": "flowrl.data",
+    "SFTDatasetBuilder": "flowrl.data",
+    "DPODatasetBuilder": "flowrl.data",
+    "DatasetPipeline": "flowrl.data",
+    # training
+    "TrainingConfig": "flowrl.train",
+    "RLTrainer": "flowrl.train",
+    "TrainingPipeline": "flowrl.train",
+    "detect_hardware": "flowrl.train",
+    # export
+    "GGUFExporter": "flowrl.export",
+    "OllamaDeployer": "flowrl.export",
+    "ExportPipeline": "flowrl.export",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

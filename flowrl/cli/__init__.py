@@ -1,0 +1,75 @@
+"""The `flowrl` command: thin over the library.
+
+Each command lives in its own module here and exposes `register(app)`. Library code raises
+FlowRLError subclasses; `main()` turns them into one clear line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import typer
+
+from flowrl import __version__
+from flowrl.errors import FlowRLError
+
+# Command modules, in the order their commands are listed in `flowrl --help`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "flowrl.cli.traces",
+)
+
+app = typer.Typer(
+    name="flowrl",
+    help="Capture agent runs, score them, build TRL datasets, train, evaluate and export.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"flowrl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages to stderr."),
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except FlowRLError as exc:
+        print(f"flowrl: error: {exc}", file=sys.stderr)
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("flowrl: aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("flowrl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Helpers shared by the CLI's command modules: store resolution, console, summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from flowrl.store import TraceStore
+
+console = Console()
+err_console = Console(stderr=True)
+
+StoreOption = typer.Option(
+    None, "--store", help="Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces)."
+)
+
+
+def open_store(store: Optional[Path]) -> TraceStore:
+    return TraceStore(store) if store is not None else TraceStore.default()
+
+
+def report_problems(store: TraceStore) -> None:
+    """Name every unreadable file the store skipped, one line each, on stderr."""
+    for problem in store.problems:
+        err_console.print(f"[yellow]skipped[/yellow] {problem.message}", markup=True, highlight=False)

@@ -1,0 +1,92 @@
+"""`flowrl traces ls|show|label`: look at the store and review traces by hand."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from flowrl.cli.common import StoreOption, console, open_store, report_problems
+from flowrl.errors import ConfigError
+from flowrl.store import TraceFilter, dumps
+
+traces_app = typer.Typer(help="List, show and label stored traces.", no_args_is_help=True)
+
+
+def _date(value: Optional[str], name: str) -> Optional[date]:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError as exc:
+        raise ConfigError(f"--{name} {value!r} is not a date: use YYYY-MM-DD") from exc
+
+
+def _label(value: Optional[str]) -> Optional[bool]:
+    if value is None:
+        return None
+    table = {"good": True, "true": True, "1": True, "bad": False, "false": False, "0": False}
+    if value.lower() not in table:
+        raise ConfigError(f"--label {value!r}: use good or bad")
+    return table[value.lower()]
+
+
+@traces_app.command("ls")
+def ls(
+    store: Optional[Path] = StoreOption,
+    since: Optional[str] = typer.Option(None, help="First day, YYYY-MM-DD."),
+    until: Optional[str] = typer.Option(None, help="Last day, YYYY-MM-DD."),
+    agent: Optional[str] = typer.Option(None, help="Only this agent."),
+    session: Optional[str] = typer.Option(None, help="Only this session."),
+    source: Optional[str] = typer.Option(None, help="live, checkpoint, obs, live-file or import."),
+    label: Optional[str] = typer.Option(None, help="good or bad."),
+    limit: int = typer.Option(50, help="Show at most this many (0: all)."),
+) -> None:
+    """List traces, newest day last."""
+    st = open_store(store)
+    flt = TraceFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, session=session,
+                      source=source, label=_label(label))
+    table = Table("trace_id", "time", "agent", "session", "source", "tools", "ok", "reward", "label", "query")
+    shown = total = 0
+    for t in st.iter_traces(flt):
+        total += 1
+        if limit and shown >= limit:
+            continue
+        shown += 1
+        table.add_row(
+            t.trace_id, t.timestamp[:19], t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
+            "" if t.success is None else ("yes" if t.success else "no"),
+            "" if t.reward_score is None else f"{t.reward_score:.2f}",
+            "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if t.label_source == "manual" else ""),
+            (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
+        )
+    console.print(table)
+    console.print(f"{total} traces under {st.root}" + (f", {shown} shown" if shown < total else ""))
+    report_problems(st)
+
+
+@traces_app.command("show")
+def show(trace_id: str, store: Optional[Path] = StoreOption) -> None:
+    """Print one trace as JSON."""
+    typer.echo(dumps(open_store(store).get(trace_id)).decode())
+
+
+@traces_app.command("label")
+def label_cmd(
+    trace_id: str,
+    verdict: str = typer.Argument(..., help="good or bad."),
+    notes: str = typer.Option("", help="Why."),
+    store: Optional[Path] = StoreOption,
+) -> None:
+    """Label a trace by hand (a manual label always wins over the reward engine's)."""
+    value = _label(verdict)
+    assert value is not None
+    t = open_store(store).label(trace_id, value, notes)
+    console.print(f"labelled {t.trace_id} {'good' if t.label else 'bad'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(traces_app, name="traces")

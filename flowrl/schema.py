@@ -1,0 +1,212 @@
+"""The trace model: one agent run, as stored on disk.
+
+A superset of the JSON written by toolboxv2's rl module (`ExecutionTrace.to_dict()`), so those files
+load unchanged. This module imports nothing else of flowrl's; everything else imports it.
+
+Files carry `schema_version`. Older files (toolboxv2's have none: version 0) are upgraded by the
+ordered list of small functions in `MIGRATIONS`, each taking a dict of version N to version N+1.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flowrl.errors import SchemaError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+Source = Literal["live", "checkpoint", "obs", "live-file", "import"]
+SOURCES: tuple[str, ...] = ("live", "checkpoint", "obs", "live-file", "import")
+
+_TOOL_ERROR_PREFIXES = ("Error", "System-Error")
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+def now_iso() -> str:
+    """Local wall-clock time as an ISO string without timezone, the way toolboxv2 writes it."""
+    return datetime.now().isoformat()
+
+
+def new_trace_id() -> str:
+    """A random trace id for live captures (ingest derives ids from content instead)."""
+    return uuid.uuid4().hex[:16]
+
+
+def result_is_failure(result: Any) -> bool:
+    """Honest tool success: FlowAgent reports success for results that are really failures.
+
+    A result that starts with `Error`/`System-Error` or contains a Python traceback is a failure,
+    even when the framework said "ok" (reference §7). Dict results are judged on their repr, which is
+    what FlowAgent puts into the transcript.
+    """
+    text = result if isinstance(result, str) else repr(result)
+    stripped = text.lstrip()
+    if stripped.startswith(_TOOL_ERROR_PREFIXES):
+        return True
+    if _TRACEBACK in text:
+        return True
+    if isinstance(result, dict) and result.get("success") is False:
+        return True
+    return False
+
+
+class _Model(BaseModel):
+    # Unknown keys survive a load/save round trip: files written by newer tools keep their data.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class ToolCallTrace(_Model):
+    tool_name: str
+    arguments: Any = Field(default_factory=dict)
+    result: str = ""
+    success: bool = True
+    duration_ms: float = 0.0
+    error: str | None = None
+    timestamp: str = ""
+    call_id: str | None = None
+
+
+class ReasoningStep(_Model):
+    step_type: str = "internal_reasoning"
+    content: str = ""
+    confidence: float = 0.0
+    insights: list[Any] = Field(default_factory=list)
+    issues: list[Any] = Field(default_factory=list)
+
+
+class LLMCall(_Model):
+    model: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    latency_ms: float | None = None
+    output: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class ExecutionTrace(_Model):
+    """One run of an agent: the user turn, what the agent did, and how it was scored."""
+
+    # toolboxv2 rl-module fields
+    trace_id: str = Field(default_factory=new_trace_id)
+    session_id: str = "default"
+    timestamp: str = Field(default_factory=now_iso)
+    user_query: str = ""
+    tool_calls: list[ToolCallTrace] = Field(default_factory=list)
+    reasoning_steps: list[ReasoningStep] = Field(default_factory=list)
+    tasks_created: list[dict[str, Any]] = Field(default_factory=list)
+    tasks_completed: list[dict[str, Any]] = Field(default_factory=list)
+    tasks_failed: list[dict[str, Any]] = Field(default_factory=list)
+    final_response: str = ""
+    total_tokens_in: int | None = None
+    total_tokens_out: int | None = None
+    total_cost: float | None = None
+    execution_duration_ms: float | None = None
+    llm_calls_count: int | None = None
+    label: bool | None = None
+    reward_score: float | None = None
+    manual_review: bool = False
+    review_notes: str = ""
+
+    # flowrl fields
+    schema_version: int = SCHEMA_VERSION
+    agent_name: str | None = None
+    run_id: str | None = None
+    source: Source = "live"
+    success: bool | None = None
+    status: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    llm_calls: list[LLMCall] = Field(default_factory=list)
+    rewards: dict[str, float | None] = Field(default_factory=dict)
+    reward_details: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    label_source: Literal["manual", "engine"] | None = None
+    group_key: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def date(self) -> str:
+        """The store's date folder for this trace (YYYY-MM-DD), from `timestamp`."""
+        return trace_date(self.timestamp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> "ExecutionTrace":
+        """Validate a dict of any known schema version, upgrading older ones first."""
+        return load_trace(data, origin=origin)
+
+
+_DATE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})")
+
+
+def trace_date(timestamp: str) -> str:
+    match = _DATE_RE.match(timestamp or "")
+    if match:
+        return match.group(1)
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+def _valid_input(data: Any, origin: str) -> bool:
+    if not isinstance(data, dict):
+        raise SchemaError(f"{origin}: a trace must be a JSON object, got {type(data).__name__}")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Upgrades: MIGRATIONS[n] takes a dict of schema version n to version n + 1.
+
+
+def _v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """toolboxv2 rl-module files: no schema_version, no source, zero means 'unknown' for tokens."""
+    data.setdefault("source", "import")
+    tool_calls = data.get("tool_calls") or []
+    for call in tool_calls:
+        if isinstance(call, dict) and call.get("success") and result_is_failure(call.get("result", "")):
+            call["success"] = False  # the rl module trusted FlowAgent's "success" (reference §4.4)
+    data["schema_version"] = 1
+    return data
+
+
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def upgrade(data: dict[str, Any], *, origin: str = "<dict>") -> dict[str, Any]:
+    """Bring a trace dict to the current schema version (a copy; the input is untouched)."""
+    data = dict(data)
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or version < 0:
+        raise SchemaError(f"{origin}: schema_version {version!r} is not a non-negative integer")
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{origin}: schema_version {version} is newer than this flowrl understands "
+            f"({SCHEMA_VERSION}): upgrade flowrl"
+        )
+    for step in MIGRATIONS[version:]:
+        data = step(data)
+    return data
+
+
+def load_trace(data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrace:
+    """Validate and upgrade a trace dict; SchemaError names `origin` and the first problem."""
+    _valid_input(data, origin)
+    try:
+        return ExecutionTrace.model_validate(upgrade(data, origin=origin))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise SchemaError(f"{origin}: field {where or '?'}: {first.get('msg')}") from exc
+
+
+def trace_json_schema() -> dict[str, Any]:
+    """The JSON schema of a trace file (docs are generated from this)."""
+    return ExecutionTrace.model_json_schema()

@@ -1,0 +1,262 @@
+"""TraceStore: one JSON file per trace under dated folders, written atomically.
+
+Layout: `{root}/YYYY-MM-DD/{trace_id}.json`. Every write goes to a file in `{root}/.staging/` (same
+filesystem), is fsynced, and is moved into place with `os.replace`, so a reader, a crash or a
+watchdog observer never sees half a file. toolboxv2 rl-module trace files use the same layout and
+load unchanged.
+
+Redaction is not done here: whoever builds a trace from the outside world (capture, ingest) masks it
+before calling `write`. The store only stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from flowrl.errors import SchemaError, StoreError
+from flowrl.schema import ExecutionTrace, load_trace
+
+log = logging.getLogger(__name__)
+
+_DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def default_root() -> Path:
+    """`$FLOWRL_HOME/traces`, else toolboxv2's `{data_dir}/rl_traces` when importable, else XDG."""
+    home = os.environ.get("FLOWRL_HOME")
+    if home:
+        return Path(home).expanduser() / "traces"
+    data_dir = _toolboxv2_data_dir()
+    if data_dir is not None:
+        return Path(data_dir) / "rl_traces"
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "flowrl" / "traces"
+
+
+def _toolboxv2_data_dir() -> str | None:
+    import importlib.util
+    import sys
+
+    if "toolboxv2" not in sys.modules and importlib.util.find_spec("toolboxv2") is None:
+        return None
+    try:  # only when the host already runs toolboxv2; get_app() has side effects otherwise
+        tb = sys.modules.get("toolboxv2")
+        if tb is None:
+            return None
+        return str(tb.get_app().data_dir)
+    except Exception:  # pragma: no cover - depends on the host
+        return None
+
+
+def atomic_write_bytes(path: Path, data: bytes, staging: Path | None = None) -> None:
+    """Write `data` to `path` via a fsynced temp file in `staging` (same filesystem) and rename."""
+    staging = staging or path.parent
+    staging.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=staging, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def dumps(trace: ExecutionTrace | dict[str, Any]) -> bytes:
+    data = trace.to_dict() if isinstance(trace, ExecutionTrace) else trace
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=repr)
+
+
+@dataclass
+class ReadProblem:
+    path: Path
+    message: str
+
+
+@dataclass
+class TraceFilter:
+    """Filters for `TraceStore.iter_traces`. Dates are inclusive; None means 'any'."""
+
+    since: date | None = None
+    until: date | None = None
+    agent: str | None = None
+    session: str | None = None
+    label: bool | None = None
+    labelled: bool | None = None
+    label_source: str | None = None
+    source: str | None = None
+    has_reward: bool | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+
+    def day_ok(self, day: str) -> bool:
+        d = date.fromisoformat(day)
+        return (self.since is None or d >= self.since) and (self.until is None or d <= self.until)
+
+    def matches(self, t: ExecutionTrace) -> bool:
+        checks = (
+            self.agent is None or t.agent_name == self.agent,
+            self.session is None or t.session_id == self.session,
+            self.label is None or t.label is self.label,
+            self.labelled is None or (t.label is not None) == self.labelled,
+            self.label_source is None or t.label_source == self.label_source,
+            self.source is None or t.source == self.source,
+            self.has_reward is None or (t.reward_score is not None) == self.has_reward,
+            self.min_reward is None or (t.reward_score is not None and t.reward_score >= self.min_reward),
+            self.max_reward is None or (t.reward_score is not None and t.reward_score <= self.max_reward),
+        )
+        return all(checks)
+
+
+@dataclass
+class TraceStore:
+    """A folder of traces. Pass it around; `TraceStore.default()` follows `FLOWRL_HOME`."""
+
+    root: Path
+    problems: list[ReadProblem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).expanduser()
+
+    @classmethod
+    def default(cls) -> "TraceStore":
+        return cls(default_root())
+
+    @property
+    def staging(self) -> Path:
+        return self.root / ".staging"
+
+    # -- writing ----------------------------------------------------------------------------
+    def path_for(self, trace: ExecutionTrace) -> Path:
+        _check_id(trace.trace_id)
+        return self.root / trace.date() / f"{trace.trace_id}.json"
+
+    def write(self, trace: ExecutionTrace) -> Path:
+        """Store a trace (replacing one with the same id and date). Returns its path."""
+        path = self.path_for(trace)
+        try:
+            atomic_write_bytes(path, dumps(trace), self.staging)
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space") from exc
+        return path
+
+    def update(self, trace: ExecutionTrace) -> Path:
+        """Rewrite a stored trace in place (its existing file), or write it if it is new."""
+        existing = self.find(trace.trace_id)
+        if existing is None:
+            return self.write(trace)
+        try:
+            atomic_write_bytes(existing, dumps(trace), self.staging)
+        except OSError as exc:
+            raise StoreError(f"cannot write {existing}: {exc.strerror or exc}") from exc
+        return existing
+
+    def label(self, trace_id: str, label: bool, notes: str = "") -> ExecutionTrace:
+        """Record a manual review verdict. A manual label always wins over the engine's."""
+        trace = self.get(trace_id)
+        trace.label = bool(label)
+        trace.label_source = "manual"
+        trace.manual_review = True
+        trace.review_notes = notes
+        self.update(trace)
+        return trace
+
+    # -- reading ----------------------------------------------------------------------------
+    def find(self, trace_id: str) -> Path | None:
+        _check_id(trace_id)
+        if not self.root.is_dir():
+            return None
+        for day in sorted(self._day_dirs(), reverse=True):
+            candidate = day / f"{trace_id}.json"
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def exists(self, trace_id: str) -> bool:
+        return self.find(trace_id) is not None
+
+    def get(self, trace_id: str) -> ExecutionTrace:
+        path = self.find(trace_id)
+        if path is None:
+            raise StoreError(f"no trace {trace_id!r} under {self.root}: list them with `flowrl traces ls`")
+        return self.read_path(path)
+
+    @staticmethod
+    def read_path(path: Path) -> ExecutionTrace:
+        """Load one trace file. Raises SchemaError naming the file when it is not a valid trace."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise SchemaError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if not raw.strip():
+            raise SchemaError(f"{path}: empty file")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise SchemaError(f"{path}: not valid JSON ({exc})") from exc
+        return load_trace(data, origin=str(path))
+
+    def _day_dirs(self) -> list[Path]:
+        try:
+            return [p for p in self.root.iterdir() if p.is_dir() and _DATE_DIR.match(p.name)]
+        except FileNotFoundError:
+            return []
+
+    def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
+        for day in sorted(self._day_dirs()):
+            if flt is not None and not flt.day_ok(day.name):
+                continue
+            try:
+                names = sorted(os.listdir(day))
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if name.endswith(".json") and not name.startswith("."):
+                    yield day / name
+
+    def iter_traces(self, flt: TraceFilter | None = None, **filters: Any) -> Iterator[ExecutionTrace]:
+        """Stream stored traces, oldest day first. Corrupt files are logged, recorded in
+        `self.problems` and skipped; they never stop the iteration."""
+        if flt is None:
+            flt = TraceFilter(**{k: _coerce_date(k, v) for k, v in filters.items()})
+        for path in self.iter_paths(flt):
+            try:
+                trace = self.read_path(path)
+            except SchemaError as exc:
+                self.problems.append(ReadProblem(path, str(exc)))
+                log.warning("flowrl: skipping %s", exc)
+                continue
+            if flt.matches(trace):
+                yield trace
+
+    def count(self) -> int:
+        return sum(1 for _ in self.iter_paths())
+
+
+def _coerce_date(key: str, value: Any) -> Any:
+    if key in ("since", "until") and isinstance(value, str):
+        return date.fromisoformat(value)
+    if key in ("since", "until") and isinstance(value, datetime):
+        return value.date()
+    return value
+
+
+def _check_id(trace_id: str) -> None:
+    if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
+        raise StoreError(f"invalid trace id {trace_id!r}: use letters, digits, '_', '-' and '.'")
