@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from datetime import datetime, timezone
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -140,7 +141,7 @@ class ExecutionTrace(_Model):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> "ExecutionTrace":
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrace:
         """Validate a dict of any known schema version, upgrading older ones first."""
         return load_trace(data, origin=origin)
 
@@ -152,7 +153,7 @@ def trace_date(timestamp: str) -> str:
     match = _DATE_RE.match(timestamp or "")
     if match:
         return match.group(1)
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return datetime.now(UTC).strftime("%Y-%m-%d")
 
 
 def _valid_input(data: Any, origin: str) -> bool:

@@ -15,10 +15,11 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
@@ -135,7 +136,7 @@ class TraceStore:
         self.root = Path(self.root).expanduser()
 
     @classmethod
-    def default(cls) -> "TraceStore":
+    def default(cls) -> TraceStore:
         return cls(default_root())
 
     @property

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -18,7 +17,7 @@ StoreOption = typer.Option(
 )
 
 
-def open_store(store: Optional[Path]) -> TraceStore:
+def open_store(store: Path | None) -> TraceStore:
     return TraceStore(store) if store is not None else TraceStore.default()
 
 

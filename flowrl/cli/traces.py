@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -16,7 +15,7 @@ from flowrl.store import TraceFilter, dumps
 traces_app = typer.Typer(help="List, show and label stored traces.", no_args_is_help=True)
 
 
-def _date(value: Optional[str], name: str) -> Optional[date]:
+def _date(value: str | None, name: str) -> date | None:
     if value is None:
         return None
     try:
@@ -25,7 +24,7 @@ def _date(value: Optional[str], name: str) -> Optional[date]:
         raise ConfigError(f"--{name} {value!r} is not a date: use YYYY-MM-DD") from exc
 
 
-def _label(value: Optional[str]) -> Optional[bool]:
+def _label(value: str | None) -> bool | None:
     if value is None:
         return None
     table = {"good": True, "true": True, "1": True, "bad": False, "false": False, "0": False}
@@ -36,20 +35,25 @@ def _label(value: Optional[str]) -> Optional[bool]:
 
 @traces_app.command("ls")
 def ls(
-    store: Optional[Path] = StoreOption,
-    since: Optional[str] = typer.Option(None, help="First day, YYYY-MM-DD."),
-    until: Optional[str] = typer.Option(None, help="Last day, YYYY-MM-DD."),
-    agent: Optional[str] = typer.Option(None, help="Only this agent."),
-    session: Optional[str] = typer.Option(None, help="Only this session."),
-    source: Optional[str] = typer.Option(None, help="live, checkpoint, obs, live-file or import."),
-    label: Optional[str] = typer.Option(None, help="good or bad."),
+    store: Path | None = StoreOption,
+    since: str | None = typer.Option(None, help="First day, YYYY-MM-DD."),
+    until: str | None = typer.Option(None, help="Last day, YYYY-MM-DD."),
+    agent: str | None = typer.Option(None, help="Only this agent."),
+    session: str | None = typer.Option(None, help="Only this session."),
+    source: str | None = typer.Option(None, help="live, checkpoint, obs, live-file or import."),
+    label: str | None = typer.Option(None, help="good or bad."),
     limit: int = typer.Option(50, help="Show at most this many (0: all)."),
 ) -> None:
     """List traces, newest day last."""
     st = open_store(store)
     flt = TraceFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, session=session,
                       source=source, label=_label(label))
-    table = Table("trace_id", "time", "agent", "session", "source", "tools", "ok", "reward", "label", "query")
+    table = Table()
+    table.add_column("trace_id", no_wrap=True, min_width=12)
+    table.add_column("time", no_wrap=True, min_width=16)
+    for name in ("agent", "session", "source", "tools", "ok", "reward", "label"):
+        table.add_column(name, no_wrap=True, overflow="ellipsis", min_width=len(name), max_width=14)
+    table.add_column("query", no_wrap=True, overflow="ellipsis", min_width=20, ratio=1)
     shown = total = 0
     for t in st.iter_traces(flt):
         total += 1
@@ -57,7 +61,7 @@ def ls(
             continue
         shown += 1
         table.add_row(
-            t.trace_id, t.timestamp[:19], t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
+            t.trace_id, t.timestamp[:16].replace("T", " "), t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
             "" if t.success is None else ("yes" if t.success else "no"),
             "" if t.reward_score is None else f"{t.reward_score:.2f}",
             "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if t.label_source == "manual" else ""),
@@ -69,7 +73,7 @@ def ls(
 
 
 @traces_app.command("show")
-def show(trace_id: str, store: Optional[Path] = StoreOption) -> None:
+def show(trace_id: str, store: Path | None = StoreOption) -> None:
     """Print one trace as JSON."""
     typer.echo(dumps(open_store(store).get(trace_id)).decode())
 
@@ -79,7 +83,7 @@ def label_cmd(
     trace_id: str,
     verdict: str = typer.Argument(..., help="good or bad."),
     notes: str = typer.Option("", help="Why."),
-    store: Optional[Path] = StoreOption,
+    store: Path | None = StoreOption,
 ) -> None:
     """Label a trace by hand (a manual label always wins over the reward engine's)."""
     value = _label(verdict)

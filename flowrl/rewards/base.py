@@ -9,8 +9,9 @@ handed to TRL's GRPOTrainer as a reward function through `as_reward_func()`:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from flowrl.schema import ExecutionTrace
 

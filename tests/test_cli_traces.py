@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flowrl.cli import main
+from flowrl.store import TraceStore
+
+RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    shutil.copytree(RL_TRACES, tmp_path / "s")
+    return tmp_path / "s"
+
+
+def test_ls_lists_traces(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traces", "ls", "--store", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "0498911e921f" in out and "3 traces" in out
+
+
+def test_show_prints_json(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traces", "show", "0498911e921f", "--store", str(store_dir)]) == 0
+    assert json.loads(capsys.readouterr().out)["trace_id"] == "0498911e921f"
+
+
+def test_label_then_filter(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traces", "label", "2a86d8ba994f", "bad", "--notes", "stock failed", "--store", str(store_dir)]) == 0
+    t = TraceStore(store_dir).get("2a86d8ba994f")
+    assert t.label is False and t.label_source == "manual"
+    capsys.readouterr()
+    assert main(["traces", "ls", "--label", "bad", "--store", str(store_dir)]) == 0
+    assert "1 traces" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_and_exit_2(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traces", "show", "missing", "--store", str(store_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("flowrl: error: no trace 'missing'")
+    assert main(["traces", "ls", "--since", "yesterday", "--store", str(store_dir)]) == 2
+    assert "YYYY-MM-DD" in capsys.readouterr().err
