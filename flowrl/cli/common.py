@@ -9,8 +9,8 @@ from rich.console import Console
 
 from flowrl.store import TraceStore
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 StoreOption = typer.Option(
     None, "--store", help="Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces)."

@@ -1,0 +1,35 @@
+"""`flowrl report`: an HTML page (plus PNGs) about the store, training runs and evaluations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowrl.report.metrics import StoreMetrics, find_runs, store_metrics
+from flowrl.store import TraceStore, atomic_write_bytes
+
+__all__ = ["ReportResult", "make_report", "store_metrics", "StoreMetrics"]
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    pngs: list[Path]
+    metrics: StoreMetrics
+
+
+def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) -> ReportResult:
+    """Write `out/index.html` and its charts. Training/eval dirs in `runs` add curves and the before/after table."""
+    from flowrl.report import html, plots
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = store_metrics(store)
+    training, evals = find_runs(list(runs or []))
+    charts = plots.store_charts(m, out)
+    run_charts = [(r, plots.training_chart(r, out, i)) for i, r in enumerate(training)]
+    eval_charts = [(p, r, plots.eval_chart(r, out, i)) for i, (p, r) in enumerate(evals)]
+    page = html.render(m, charts, run_charts, eval_charts)
+    index = out / "index.html"
+    atomic_write_bytes(index, page.encode("utf-8"))
+    return ReportResult(index, sorted(out.glob("*.png")), m)

@@ -1,0 +1,109 @@
+"""The HTML report: one self-contained page plus the PNGs beside it.
+
+Every piece of text that comes from traces or files is escaped: traces hold hostile content.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from flowrl import __version__
+from flowrl.report.metrics import StoreMetrics, TrainingRun
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1f2933}
+header{background:#1f3a5f;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;opacity:.8;font-size:13px}main{max-width:1080px;margin:0 auto;padding:16px 32px 48px}
+section{background:#fff;border-radius:8px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:16px 20px;margin:16px 0}
+h2{font-size:16px;margin:0 0 12px}table{border-collapse:collapse;font-size:13px;margin:4px 0 8px}
+th,td{padding:5px 10px;border-bottom:1px solid #e4e7eb;text-align:right}th:first-child,td:first-child{text-align:left}
+th{background:#f0f2f5;font-weight:600}.cards{display:flex;gap:12px;flex-wrap:wrap}
+.card{flex:1;min-width:140px;background:#f0f4fa;border-radius:6px;padding:10px 14px}
+.card b{display:block;font-size:22px}.card span{font-size:12px;color:#52606d}
+img{max-width:100%;height:auto}.better{color:#1b7f3b;font-weight:600}.worse{color:#b42318;font-weight:600}
+.muted{color:#7b8794;font-size:12px}
+"""
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    return "–" if not isinstance(v, (int, float)) else f"{v:.3f}"
+
+
+def _img(name: str | None, alt: str) -> str:
+    return f'<img src="{escape(name)}" alt="{escape(alt)}">' if name else ""
+
+
+def _delta_cell(base: Any, model: Any) -> str:
+    if not isinstance(base, (int, float)) or not isinstance(model, (int, float)):
+        return "–"
+    d = model - base
+    cls = "better" if d > 1e-9 else "worse" if d < -1e-9 else ""
+    return f'<span class="{cls}">{d:+.3f}</span>'
+
+
+def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
+    per = report.get("per_reward") or {}
+    rows = [[escape(str(name)), _fmt(v.get("baseline")), _fmt(v.get("model")), _delta_cell(v.get("baseline"), v.get("model"))]
+            for name, v in per.items() if isinstance(v, dict)]
+    comb = report.get("combined") or {}
+    if isinstance(comb, dict) and comb:
+        rows.append(["<b>combined</b>", _fmt(comb.get("baseline")), _fmt(comb.get("model")),
+                     _delta_cell(comb.get("baseline"), comb.get("model"))])
+    title = f"{escape(str(report.get('baseline', 'base')))} → {escape(str(report.get('model', 'trained')))}"
+    return (f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} held-out prompts</p>"
+            + _table(["reward", "base", "trained", "change"], rows) + _img(chart, "eval chart"))
+
+
+def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun, str | None]],
+           evals: list[tuple[Path, dict[str, Any], str | None]]) -> str:
+    combined_mean = sum(m.combined) / len(m.combined) if m.combined else None
+    good = sum(v for k, v in m.labels.items() if k.startswith("good"))
+    bad = sum(v for k, v in m.labels.items() if k.startswith("bad"))
+    cards = "".join(f"<div class='card'><b>{escape(str(v))}</b><span>{escape(k)}</span></div>" for k, v in [
+        ("traces", m.traces), ("days", len(m.per_day)), ("agents", len(m.per_agent)),
+        ("mean combined reward", _fmt(combined_mean)), ("good / bad labels", f"{good} / {bad}"),
+        ("tool calls", sum(t.calls for t in m.tools.values()))])
+    parts = [f"<section><h2>Overview</h2><div class='cards'>{cards}</div>"
+             f"<p class='muted'>store: {escape(m.root)}; sources: "
+             f"{escape(', '.join(f'{k} {v}' for k, v in sorted(m.per_source.items())))}</p></section>"]
+    if evals:
+        parts.append("<section><h2>Before / after</h2>" + "".join(eval_section(r, p, c) for p, r, c in evals) + "</section>")
+    else:
+        parts.append("<section><h2>Before / after</h2><p class='muted'>No eval report: run `flowrl eval` and pass its "
+                     "output dir with --run.</p></section>")
+    parts.append(f"<section><h2>Traces per day</h2>{_img(charts.get('per_day'), 'traces per day')}</section>")
+    reward_rows = [[escape(n), len(v), m.reward_none[n], _fmt(sum(v) / len(v) if v else None)] for n, v in sorted(m.rewards.items())]
+    if reward_rows:
+        parts.append("<section><h2>Rewards</h2>" + _table(["reward", "scored", "cannot judge", "mean"], reward_rows)
+                     + _img(charts.get("rewards"), "reward distributions") + "</section>")
+    else:
+        parts.append("<section><h2>Rewards</h2><p class='muted'>No trace is scored yet: run `flowrl score`.</p></section>")
+    parts.append("<section><h2>Labels</h2>" + _table(["label", "traces"], [[escape(k), v] for k, v in sorted(m.labels.items())])
+                 + _img(charts.get("labels"), "labels") + "</section>")
+    tool_rows = [[escape(n), s.calls, s.failures, f"{100 * s.failure_rate:.0f}%"]
+                 for n, s in sorted(m.tools.items(), key=lambda kv: -kv[1].calls)]
+    parts.append("<section><h2>Tools</h2>" + _table(["tool", "calls", "failures", "failure rate"], tool_rows)
+                 + _img(charts.get("tools"), "tool usage") + "</section>")
+    if runs:
+        items = []
+        for run, chart in runs:
+            last = run.rows[-1] if run.rows else {}
+            summary = ", ".join(f"{k} {_fmt(last.get(k))}" for k in ("loss", "reward", "kl") if k in last)
+            items.append(f"<h3>{escape(run.name)}</h3><p class='muted'>{escape(str(run.path))}: {len(run.rows)} logged steps"
+                         f"{'; last ' + escape(summary) if summary else ''}</p>{_img(chart, 'training curves')}")
+        parts.append("<section><h2>Training</h2>" + "".join(items) + "</section>")
+    if m.unreadable:
+        parts.append("<section><h2>Unreadable files</h2><ul>" + "".join(f"<li>{escape(u)}</li>" for u in m.unreadable) + "</ul></section>")
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+            f"<title>flowrl report</title><style>{_CSS}</style></head><body><header><h1>flowrl report</h1>"
+            f"<p>{m.traces} traces · generated {stamp} · flowrl {__version__}</p></header><main>{''.join(parts)}</main></body></html>")

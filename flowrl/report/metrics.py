@@ -1,0 +1,124 @@
+"""Numbers for the report, computed by streaming the store and reading training/eval outputs.
+
+Training runs are read from `metrics.jsonl` (one JSON object per logging step with a `step` key, as
+`flowrl train` writes it) and evaluations from `eval_report.json` (as `flowrl eval` writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import FlowRLError
+from flowrl.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ToolStats:
+    calls: int = 0
+    failures: int = 0
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failures / self.calls if self.calls else 0.0
+
+
+@dataclass
+class StoreMetrics:
+    root: str
+    traces: int = 0
+    per_day: Counter[str] = field(default_factory=Counter)
+    per_source: Counter[str] = field(default_factory=Counter)
+    per_agent: Counter[str] = field(default_factory=Counter)
+    rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    reward_none: Counter[str] = field(default_factory=Counter)
+    combined: list[float] = field(default_factory=list)
+    labels: Counter[str] = field(default_factory=Counter)  # good/bad/unlabelled x manual/engine
+    tools: dict[str, ToolStats] = field(default_factory=lambda: defaultdict(ToolStats))
+    success: Counter[str] = field(default_factory=Counter)
+    unreadable: list[str] = field(default_factory=list)
+
+
+def store_metrics(store: TraceStore) -> StoreMetrics:
+    m = StoreMetrics(root=str(store.root))
+    for t in store.iter_traces():
+        m.traces += 1
+        m.per_day[t.date()] += 1
+        m.per_source[t.source] += 1
+        m.per_agent[t.agent_name or "(unnamed)"] += 1
+        for name, value in t.rewards.items():
+            if value is None:
+                m.reward_none[name] += 1
+            else:
+                m.rewards[name].append(float(value))
+        if t.reward_score is not None:
+            m.combined.append(float(t.reward_score))
+        if t.label is None:
+            m.labels["unlabelled"] += 1
+        else:
+            m.labels[f"{'good' if t.label else 'bad'} ({t.label_source or 'engine'})"] += 1
+        for call in t.tool_calls:
+            stats = m.tools[call.tool_name]
+            stats.calls += 1
+            stats.failures += 0 if call.success else 1
+        m.success["unknown" if t.success is None else ("succeeded" if t.success else "failed")] += 1
+    m.unreadable = [p.message for p in store.problems]
+    return m
+
+
+@dataclass
+class TrainingRun:
+    name: str
+    path: Path
+    rows: list[dict[str, Any]]
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        xs, ys = [], []
+        for row in self.rows:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and row.get("step") is not None:
+                xs.append(float(row["step"]))
+                ys.append(float(value))
+        return xs, ys
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("flowrl: %s line %d is not JSON; skipped", path, i)  # a torn last line is normal
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def find_runs(dirs: list[Path]) -> tuple[list[TrainingRun], list[tuple[Path, dict[str, Any]]]]:
+    """Training runs (metrics.jsonl) and eval reports (eval_report.json) in or right below `dirs`."""
+    runs: list[TrainingRun] = []
+    evals: list[tuple[Path, dict[str, Any]]] = []
+    for d in dirs:
+        if not Path(d).exists():
+            raise FlowRLError(f"--run {d} does not exist: pass the output dir of `flowrl train` or `flowrl eval`")
+        candidates = [Path(d), *sorted(p for p in Path(d).iterdir() if p.is_dir())] if Path(d).is_dir() else []
+        for c in candidates:
+            metrics = c / "metrics.jsonl"
+            if metrics.is_file():
+                runs.append(TrainingRun(c.name, c, _read_jsonl(metrics)))
+            report = c / "eval_report.json"
+            if report.is_file():
+                try:
+                    evals.append((report, json.loads(report.read_text(encoding="utf-8"))))
+                except json.JSONDecodeError as exc:
+                    raise FlowRLError(f"{report} is not valid JSON ({exc}): re-run `flowrl eval`") from exc
+    return runs, evals
