@@ -1,0 +1,50 @@
+"""`flowrl export`: adapter or model folder -> merged safetensors -> GGUF -> verification -> Modelfile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from flowrl.cli.common import console
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)
+
+
+def export(
+    model: Path = typer.Option(..., "--model", help="Adapter folder from `flowrl train`, or a merged Hugging Face model folder."),
+    out: Path = typer.Option(..., "--out", help="Output folder (merged/, the .gguf file, Modelfile, export.json)."),
+    format: str = typer.Option("gguf", "--format", help="gguf or safetensors."),
+    quant: str = typer.Option("q8_0", "--quant", help="f16, bf16, q8_0 or q4_0 (GGUF only)."),
+    ollama: str | None = typer.Option(None, "--ollama", help="Register the model with Ollama under this name (`ollama create`), or print the command when Ollama is not installed."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip loading the GGUF back and comparing logits."),
+    base_model: str | None = typer.Option(None, "--base-model", help="Base model folder, overriding base_model_name_or_path in adapter_config.json."),
+    dtype: str = typer.Option("auto", "--dtype", help="dtype of the merged safetensors: auto (the base's), float32, float16, bfloat16."),
+    name: str = typer.Option("model", "--name", help="File name stem of the GGUF file."),
+) -> None:
+    """Merge the LoRA adapter, write GGUF (quantised in Python), verify it, and write an Ollama Modelfile."""
+    from flowrl.export.pipeline import ExportPipeline
+
+    pipeline = ExportPipeline(model, out, format=format.lower(), quant=quant, ollama_name=ollama, verify=not no_verify,
+                              base_model=base_model, dtype=dtype, name=name,
+                              progress=lambda step: console.print(f"[bold]·[/bold] {step}", highlight=False))
+    with console.status("exporting"):
+        result = pipeline.run()
+    console.print(f"merged model  {result.model_dir}", highlight=False)
+    if result.gguf_path:
+        console.print(f"GGUF          {result.gguf_path} ({result.gguf_path.stat().st_size / 1e6:.1f} MB, {quant})", highlight=False)
+    if result.verification:
+        console.print(f"verified      {result.verification}", highlight=False)
+    elif format == "gguf":
+        console.print("verified      skipped (--no-verify)", highlight=False)
+    for tensor, reason in result.tensor_fallbacks.items():
+        console.print(f"[yellow]fallback[/yellow] {tensor}: {reason}", highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning[/yellow] {warning}", highlight=False)
+    console.print(f"Modelfile     {result.modelfile}", highlight=False)
+    if result.ollama_created:
+        console.print(f"ollama        created {ollama}; use it with use_model(agent, 'ollama/{ollama}')", highlight=False)
+    else:
+        console.print(f"ollama        run: {result.ollama_command}", highlight=False)

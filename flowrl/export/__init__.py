@@ -1,0 +1,48 @@
+"""Export: merge a LoRA adapter, write GGUF (F16/BF16/Q8_0/Q4_0, in Python), verify it, write an Ollama Modelfile.
+
+Importing this package is light: torch, transformers, peft and gguf are imported inside the functions
+that use them. Public names resolve on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "ExportError": "flowrl.export.errors",
+    "UnsupportedArchitectureError": "flowrl.export.errors",
+    "VerificationError": "flowrl.export.errors",
+    "TemplateConversionError": "flowrl.export.errors",
+    "merge_adapter": "flowrl.export.merge",
+    "MergeResult": "flowrl.export.merge",
+    "GGUFExporter": "flowrl.export.gguf_writer",
+    "GGUFResult": "flowrl.export.gguf_writer",
+    "ARCHITECTURES": "flowrl.export.gguf_writer",
+    "QUANT_TYPES": "flowrl.export.quantize",
+    "verify_gguf": "flowrl.export.verify",
+    "VerificationReport": "flowrl.export.verify",
+    "TOLERANCES": "flowrl.export.verify",
+    "OllamaDeployer": "flowrl.export.ollama",
+    "build_modelfile": "flowrl.export.ollama",
+    "ExportPipeline": "flowrl.export.pipeline",
+    "ExportResult": "flowrl.export.pipeline",
+    "use_model": "flowrl.export.agent",
+    "restore_model": "flowrl.export.agent",
+    "ollama_model": "flowrl.export.agent",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowrl.export' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,141 @@
+"""ExportPipeline: adapter (or merged model) folder -> merged safetensors -> GGUF -> verification -> Modelfile.
+
+Layout of `out_dir` after a GGUF export:
+
+    out_dir/
+      merged/             the merged Hugging Face model (safetensors + tokenizer); absent when the input
+                          already was a full model
+      model-q8_0.gguf     the GGUF file (name: `{name}-{quant}.gguf`)
+      Modelfile           FROM ./model-q8_0.gguf, TEMPLATE, SYSTEM, PARAMETER stop/temperature/num_ctx
+      export.json         what was done: paths, tensor types, fall-backs, verification figures, command
+
+With `format="safetensors"` the GGUF and verification steps are skipped and the Modelfile points at the
+merged folder (Ollama imports safetensors folders of the Llama family directly).
+
+A GGUF that fails verification is renamed to `*.gguf.failed-verification` (kept for inspection, never
+picked up by a Modelfile) and VerificationError is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrl.export.errors import ExportError, VerificationError
+from flowrl.export.quantize import check_quant
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("gguf", "safetensors")
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    model_dir: Path  # the merged (or given full) model folder
+    gguf_path: Path | None = None
+    modelfile: Path | None = None
+    ollama_command: str | None = None
+    ollama_created: bool = False
+    verification: str | None = None
+    tensor_fallbacks: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+class ExportPipeline:
+    """Run the whole export. `progress(step)` is called with a short text before each step (for a CLI)."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str],
+        *,
+        format: str = "gguf",
+        quant: str = "q8_0",
+        ollama_name: str | None = None,
+        verify: bool = True,
+        base_model: str | None = None,
+        dtype: str = "auto",
+        name: str = "model",
+        prompts: list[str] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise ExportError(f"unknown format {format!r}: use {' or '.join(FORMATS)}")
+        self.model = Path(model)
+        self.out_dir = Path(out_dir)
+        self.format = format
+        self.quant = check_quant(quant)
+        self.ollama_name = ollama_name
+        self.verify = verify
+        self.base_model = base_model
+        self.dtype = dtype
+        self.name = name
+        self.prompts = prompts
+        self.progress = progress or (lambda step: None)
+
+    def run(self) -> ExportResult:
+        from flowrl.export.merge import merge_adapter, model_kind
+
+        kind = model_kind(self.model)  # fails fast on a folder without adapter or config
+        self.progress("merging the adapter into the base model" if kind == "adapter" else "using the full model as is")
+        merged = merge_adapter(self.model, self.out_dir / "merged", base_model=self.base_model, dtype=self.dtype)
+        result = ExportResult(out_dir=self.out_dir, model_dir=merged.path)
+
+        source: Path = merged.path
+        if self.format == "gguf":
+            source = self._gguf(merged.path, result)
+
+        self.progress("writing the Ollama Modelfile")
+        from flowrl.export.ollama import OllamaDeployer
+
+        deployer = OllamaDeployer(self.ollama_name or self.name)
+        result.modelfile = deployer.write_modelfile(source, merged.path, self.out_dir)
+        result.ollama_command = " ".join(deployer.command(result.modelfile))
+        if self.ollama_name:
+            self.progress(f"registering {self.ollama_name} with Ollama")
+            deploy = deployer.create(result.modelfile)
+            result.ollama_created = deploy.created
+            if not deploy.created:
+                result.warnings.append(f"{deploy.output}: {deploy.command_line}")
+        self._write_record(result)
+        return result
+
+    def _gguf(self, model_dir: Path, result: ExportResult) -> Path:
+        from flowrl.export.gguf_writer import GGUFExporter
+
+        path = self.out_dir / f"{self.name}-{self.quant}.gguf"
+        self.progress(f"writing {path.name}")
+        written = GGUFExporter(self.quant, name=self.ollama_name or self.name).export(model_dir, path)
+        result.gguf_path = path
+        result.tensor_fallbacks = dict(written.fallbacks)
+        result.warnings.extend(written.warnings)
+        if self.verify:
+            self.progress("verifying: loading the GGUF back with transformers and comparing logits")
+            from flowrl.export.verify import verify_gguf
+
+            try:
+                report = verify_gguf(path, model_dir, self.quant, prompts=self.prompts)
+            except VerificationError:
+                failed = path.with_name(path.name + ".failed-verification")
+                os.replace(path, failed)
+                log.error("kept the failing file as %s", failed)
+                raise
+            result.verification = report.summary()
+            result.warnings.extend(report.warnings)
+        return path
+
+    def _write_record(self, result: ExportResult) -> None:
+        record = dict(result.to_dict(), format=self.format, quant=self.quant, source=str(self.model))
+        path = self.out_dir / "export.json"
+        tmp = path.with_name(".export.json.partial")
+        tmp.write_text(json.dumps(record, indent=2), encoding="utf-8")
+        os.replace(tmp, path)
