@@ -1,0 +1,208 @@
+"""What every dataset builder shares: filters, labels, per-trace summaries, counters, the builder base.
+
+A builder turns traces into rows of one TRL format. Builders that work trace by trace (`grouped =
+False`: KTO) get `trace_rows(trace, conv, ctx)` and stream; builders that compare traces of one task
+(`grouped = True`: GRPO, SFT, DPO) get one `TraceInfo` per trace first, then `group_rows` per group,
+loading only the traces they use. The pipeline (`flowrl.data.pipeline`) drives both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from typing import Any, ClassVar
+
+from flowrl.data.conversation import ArgumentsAs, Conversation
+from flowrl.errors import ConfigError
+from flowrl.schema import SOURCES, ExecutionTrace
+from flowrl.store import TraceFilter
+
+HIST_BINS = 10
+
+
+@dataclass
+class DatasetFilter:
+    """Which stored traces a dataset is built from. Dates are inclusive; None means any."""
+
+    since: date | None = None
+    until: date | None = None
+    agent: str | None = None
+    source: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    label_source: str | None = None
+    dedupe: bool = True
+
+    def __post_init__(self) -> None:
+        if self.source is not None and self.source not in SOURCES:
+            raise ConfigError(f"source {self.source!r}: use one of {', '.join(SOURCES)}")
+        if self.label_source is not None and self.label_source not in ("manual", "engine"):
+            raise ConfigError(f"label source {self.label_source!r}: use manual or engine")
+        if self.since and self.until and self.since > self.until:
+            raise ConfigError(f"since {self.since} is after until {self.until}")
+
+    def trace_filter(self) -> TraceFilter:
+        return TraceFilter(since=self.since, until=self.until, agent=self.agent, source=self.source,
+                           min_reward=self.min_reward, max_reward=self.max_reward, label_source=self.label_source)
+
+    def describe(self) -> dict[str, Any]:
+        """The filters that are set, JSON-ready (for the card, the metadata file and error messages)."""
+        out = {k: (v.isoformat() if isinstance(v, date) else v) for k, v in asdict(self).items() if v is not None}
+        return out
+
+
+def is_manual(trace: ExecutionTrace) -> bool:
+    return trace.label is not None and (trace.label_source == "manual" or (trace.label_source is None and trace.manual_review))
+
+
+def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tuple[bool | None, str]:
+    """(label, where it came from). A manual label always wins; then `reward_score >= threshold` when a
+    threshold is given; then the engine's stored label; then `reward_score >= 0.5`; else (None, "none")."""
+    if is_manual(trace):
+        return bool(trace.label), "manual"
+    if threshold is not None and trace.reward_score is not None:
+        return trace.reward_score >= threshold, "threshold"
+    if trace.label is not None:
+        return bool(trace.label), "engine"
+    if trace.reward_score is not None:
+        return trace.reward_score >= 0.5, "threshold"
+    return None, "none"
+
+
+@dataclass(slots=True)
+class TraceInfo:
+    """What a grouped builder knows about a trace before loading it again."""
+
+    ref: Any
+    trace_id: str
+    group_id: str
+    reward: float | None
+    label: bool | None
+    manual: bool
+    timestamp: str
+
+
+@dataclass
+class BuildStats:
+    """Counters of one build, reported in the summary, the card and flowrl_dataset.json."""
+
+    traces_read: int = 0
+    traces_used: int = 0
+    unreadable: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    rows: Counter = field(default_factory=Counter)
+    labels: dict[str, Counter] = field(default_factory=dict)
+    label_sources: Counter = field(default_factory=Counter)
+    trace_labels: Counter = field(default_factory=Counter)
+    groups: Counter = field(default_factory=Counter)
+    truncated: int = 0
+    dropped_too_long: int = 0
+    synthesized: int = 0
+    without_tool_calls: int = 0
+    reward_hist: list[int] = field(default_factory=lambda: [0] * HIST_BINS)
+    no_reward: int = 0
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] += n
+
+    def add_reward(self, value: float | None) -> None:
+        if value is None or math.isnan(value):
+            self.no_reward += 1
+            return
+        self.reward_hist[min(HIST_BINS - 1, max(0, int(value * HIST_BINS)))] += 1
+
+    def add_label(self, split: str, label: bool) -> None:
+        self.labels.setdefault(split, Counter())["true" if label else "false"] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "traces_read": self.traces_read, "traces_used": self.traces_used, "unreadable_files": self.unreadable,
+            "skipped": dict(self.skipped), "rows": dict(self.rows),
+            "labels": {k: dict(v) for k, v in self.labels.items()}, "label_sources": dict(self.label_sources),
+            "trace_labels": dict(self.trace_labels),
+            "groups": dict(self.groups), "truncated": self.truncated, "dropped_too_long": self.dropped_too_long,
+            "synthesized_conversations": self.synthesized, "traces_without_tool_calls": self.without_tool_calls,
+            "reward_histogram": {"bins": HIST_BINS, "counts": self.reward_hist, "no_reward": self.no_reward},
+        }
+
+
+@dataclass
+class RowContext:
+    """What a builder needs besides the trace: its group id and the counters."""
+
+    group_id: str
+    stats: BuildStats
+
+
+Loader = Callable[[TraceInfo], tuple[ExecutionTrace, Conversation]]
+
+
+@dataclass(kw_only=True)
+class DatasetBuilder:
+    """Base of the four builders. `max_chars` bounds a row's text (prompt plus completion); rows over it
+    are shortened at an assistant-message boundary where the format allows, else dropped, and both are
+    counted. `arguments_as` picks dict (Hugging Face templates) or JSON-string tool-call arguments."""
+
+    method: ClassVar[str] = ""
+    grouped: ClassVar[bool] = False
+    shuffle_train: ClassVar[bool] = False
+    max_chars: int | None = 32_000
+    arguments_as: ArgumentsAs = "dict"
+
+    def __post_init__(self) -> None:
+        if self.max_chars is not None and self.max_chars <= 0:
+            raise ConfigError(f"max_chars {self.max_chars}: use a positive number of characters, or None")
+        if self.arguments_as not in ("dict", "string"):
+            raise ConfigError(f"arguments_as {self.arguments_as!r}: use dict or string")
+
+    # -- the format ------------------------------------------------------------------------------
+    def features(self) -> Any:  # pragma: no cover - abstract
+        """The `datasets.Features` of a row."""
+        raise NotImplementedError
+
+    def options(self) -> dict[str, Any]:
+        """The builder's options, JSON-ready, for the card and the metadata file."""
+        return {k: v for k, v in asdict(self).items()}
+
+    # -- streaming builders -------------------------------------------------------------------
+    def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError  # pragma: no cover
+
+    # -- grouped builders ---------------------------------------------------------------------
+    def info(self, trace: ExecutionTrace, ref: Any, group_id: str) -> TraceInfo | None:
+        """The summary kept for a trace, or None to leave it out (after counting why)."""
+        label, _ = effective_label(trace)
+        return TraceInfo(ref=ref, trace_id=trace.trace_id, group_id=group_id, reward=trace.reward_score,
+                         label=label, manual=is_manual(trace), timestamp=trace.timestamp)
+
+    def prepare(self, infos: list[TraceInfo], stats: BuildStats) -> None:
+        """Called once with every kept trace's summary, before `group_rows` (SFT's global top share)."""
+
+    def group_rows(self, members: list[TraceInfo], load: Loader, stats: BuildStats) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError  # pragma: no cover
+
+    # -- helpers for subclasses -----------------------------------------------------------------
+    def fits(self, chars: int) -> bool:
+        return self.max_chars is None or chars <= self.max_chars
+
+    # -- entry points ---------------------------------------------------------------------------
+    def build(self, store: Any, out: Any, **kwargs: Any) -> Any:
+        """Build this dataset from a `TraceStore` (or a list of traces) into `out`. See `DatasetPipeline`."""
+        from flowrl.data.pipeline import DatasetPipeline
+
+        pipeline_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in DatasetPipeline.OPTIONS}
+        return DatasetPipeline(self, **pipeline_kwargs).build(store, out, **kwargs)
+
+    def to_dataset_dict(self, traces: Any, **kwargs: Any) -> Any:
+        """The dataset as an in-memory `datasets.DatasetDict`, from traces or a store."""
+        from flowrl.data.pipeline import DatasetPipeline
+
+        return DatasetPipeline(self, **kwargs).to_dataset_dict(traces)
+
+
+def reward_order(info: TraceInfo) -> tuple[float, str]:
+    """Sort key: higher reward first, then trace id (deterministic)."""
+    return (-(info.reward if info.reward is not None else -math.inf), info.trace_id)

@@ -1,0 +1,90 @@
+"""KTO: unpaired `prompt` / `completion` / `label` rows in conversational form (TRL's KTOTrainer).
+
+`rows="step"` (default) gives one row per assistant message of the run: the prompt is everything
+before it (system, user turn, earlier steps and their tool results), the completion is that assistant
+message with its tool calls. `rows="final"` gives one row per trace for its last assistant message.
+Every row of a trace carries the trace's label (manual label first, then the threshold or the engine's
+label: see `effective_label`). Rows over `max_chars` are dropped and counted: a KTO prompt cannot be
+shortened without changing what the model is asked.
+
+`kto_weights` turns the class balance of the train split into `desirable_weight` / `undesirable_weight`
+inside the range of the KTO paper's Eq. 8 (which KTOTrainer checks):
+`1 <= (desirable_weight * n_desirable) / (undesirable_weight * n_undesirable) <= 4/3`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from flowrl.data.base import DatasetBuilder, RowContext, effective_label
+from flowrl.data.conversation import Conversation, message_chars
+from flowrl.errors import ConfigError
+from flowrl.schema import ExecutionTrace
+
+# The target of (wD * nD) / (wU * nU): the geometric middle of the paper's [1, 4/3], so rounding to the
+# trainer's two decimals never pushes it out of range.
+KTO_RATIO = (4 / 3) ** 0.5
+
+
+def kto_weights(n_desirable: int, n_undesirable: int) -> tuple[float, float]:
+    """(desirable_weight, undesirable_weight): the smaller weight is 1.0, the minority class is up-weighted
+    so that wD*nD / (wU*nU) = sqrt(4/3). With one class missing both are 1.0 (nothing to balance)."""
+    if n_desirable <= 0 or n_undesirable <= 0:
+        return 1.0, 1.0
+    desirable = KTO_RATIO * n_undesirable / n_desirable
+    if desirable >= 1.0:
+        return round(desirable, 4), 1.0
+    return 1.0, round(1.0 / desirable, 4)
+
+
+@dataclass(kw_only=True)
+class KTODatasetBuilder(DatasetBuilder):
+    method: ClassVar[str] = "kto"
+    grouped: ClassVar[bool] = False
+    # KTOTrainer reads rows in order (train_sampling_strategy="sequential") and estimates its KL term
+    # from neighbours in a batch, so the train split is shuffled rather than left trace by trace.
+    shuffle_train: ClassVar[bool] = True
+
+    rows: Literal["step", "final"] = "step"
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rows not in ("step", "final"):
+            raise ConfigError(f"KTO rows {self.rows!r}: use step or final")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"threshold {self.threshold}: use a reward in [0, 1]")
+
+    def features(self) -> Any:
+        from datasets import Features, Json, List, Value
+
+        return Features({
+            "prompt": List(Json()), "completion": List(Json()), "label": Value("bool"), "tools": Json(),
+            "trace_id": Value("string"), "group_id": Value("string"), "step": Value("int32"),
+            "reward": Value("float64"), "label_source": Value("string"),
+        })
+
+    def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
+        label, source = effective_label(trace, self.threshold)
+        if label is None:
+            ctx.stats.skip("unlabelled (no label, no reward)")
+            return
+        all_steps = conv.assistant_indices()
+        first = 0 if self.rows == "step" else max(0, len(all_steps) - 1)
+        ctx.stats.label_sources[source] += 1
+        prompt_chars = message_chars(conv.messages[: all_steps[first]]) if all_steps else 0
+        for n in range(first, len(all_steps)):
+            index = all_steps[n]
+            if n > first:
+                prompt_chars += message_chars(conv.messages[all_steps[n - 1] : index])
+            completion = conv.messages[index]
+            if not self.fits(prompt_chars + message_chars([completion])):
+                ctx.stats.dropped_too_long += 1
+                continue
+            yield {
+                "prompt": conv.messages[:index], "completion": [completion], "label": label, "tools": conv.tools,
+                "trace_id": trace.trace_id, "group_id": ctx.group_id, "step": n,
+                "reward": trace.reward_score, "label_source": source,
+            }

@@ -1,0 +1,341 @@
+"""DatasetPipeline: stream a store (or a list of traces) through a builder into a dataset on disk.
+
+One pass reads the store trace by trace (filters, deduplication, conversation, group id). A streaming
+builder (KTO) turns each trace into rows right away; a grouped builder (GRPO, SFT, DPO) keeps a small
+`TraceInfo` per trace and, after the pass, loads again only the traces each group's rows need. Rows go
+to a spool file per split, so memory stays bounded by the number of traces times a few dozen bytes,
+not by their size. Embedding grouping adds a first pass that reads only the user turns.
+
+Output folder (`build`):
+- `dataset_dict.json`, `train/`, `validation/`: a `datasets.DatasetDict` (`datasets.load_from_disk(out)`);
+  a split with no rows is left out;
+- `data/{split}.jsonl` (and `data/{split}.parquet` with `parquet=True`), same rows, same order;
+- `README.md`: the dataset card; `flowrl_dataset.json`: method, counts, KTO weights, splits, filters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from flowrl import __version__
+from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
+from flowrl.data.card import render_card
+from flowrl.data.conversation import Conversation, trace_conversation
+from flowrl.data.grouping import Embedder, GroupBy, Grouper
+from flowrl.data.kto import kto_weights
+from flowrl.data.sinks import DiskSink, MemorySink
+from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
+from flowrl.errors import ConfigError, FlowRLError, SchemaError
+from flowrl.schema import ExecutionTrace
+from flowrl.store import ReadProblem, TraceStore
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int | None], None]
+OUTPUT_NAMES = ("dataset_dict.json", *SPLITS, "data", "README.md", "flowrl_dataset.json", ".flowrl-build")
+METADATA_FILE = "flowrl_dataset.json"
+
+
+class DatasetError(FlowRLError):
+    """A dataset cannot be built from what the store holds."""
+
+
+@dataclass
+class BuildResult:
+    """What `DatasetPipeline.build` wrote and counted."""
+
+    out: Path
+    method: str
+    counts: dict[str, int]
+    stats: BuildStats
+    metadata: dict[str, Any]
+    elapsed_s: float = 0.0
+    problems: list[ReadProblem] = field(default_factory=list)
+
+    def summary_lines(self) -> list[str]:
+        s = self.stats
+        lines = [f"{self.method} dataset: " + ", ".join(f"{n} {k} rows" for k, n in self.counts.items())
+                 + f" from {s.traces_used} of {s.traces_read} traces -> {self.out}"]
+        if s.labels:
+            lines.append("labels: " + "; ".join(f"{k} {v.get('true', 0)} good / {v.get('false', 0)} bad"
+                                                for k, v in s.labels.items()))
+        if self.metadata.get("desirable_weight") is not None:
+            lines.append(f"KTO weights: desirable_weight={self.metadata['desirable_weight']} "
+                         f"undesirable_weight={self.metadata['undesirable_weight']}")
+        if s.truncated or s.dropped_too_long:
+            lines.append(f"length budget: {s.truncated} rows truncated, {s.dropped_too_long} rows dropped as too long")
+        dropped = {k: v for k, v in s.groups.items() if k != "used"}
+        if s.groups:
+            lines.append(f"groups: {s.groups.get('used', 0)} used" + "".join(f", {v} {k}" for k, v in dropped.items()))
+        for reason, n in s.skipped.items():
+            lines.append(f"skipped {n} traces: {reason}")
+        if s.unreadable:
+            lines.append(f"{s.unreadable} unreadable files skipped")
+        return lines
+
+
+class _Source:
+    """A store or an in-memory list of traces, read with the filters; `load(ref)` reads a trace again."""
+
+    def __init__(self, source: TraceStore | Iterable[ExecutionTrace], filters: DatasetFilter, stats: BuildStats):
+        self.store = source if isinstance(source, TraceStore) else None
+        self.traces = None if self.store is not None else list(source)  # type: ignore[arg-type]
+        self.flt = filters.trace_filter()
+        self.stats = stats
+
+    def describe(self) -> str:
+        return str(self.store.root) if self.store is not None else f"{len(self.traces or [])} traces given in memory"
+
+    def total(self) -> int:
+        if self.store is not None:
+            return sum(1 for _ in self.store.iter_paths(self.flt))
+        return len(self.traces or [])
+
+    def scan(self) -> Iterator[tuple[Any, ExecutionTrace]]:
+        if self.store is None:
+            for i, trace in enumerate(self.traces or []):
+                if self.flt.day_ok(trace.date()) and self.flt.matches(trace):
+                    yield i, trace
+                else:
+                    yield None, trace
+            return
+        for path in self.store.iter_paths(self.flt):
+            try:
+                trace = self.store.read_path(path)
+            except SchemaError as exc:
+                self.store.problems.append(ReadProblem(path, str(exc)))
+                self.stats.unreadable += 1
+                log.warning("flowrl: skipping %s", exc)
+                yield None, None  # type: ignore[misc]  # still one file done, for the progress bar
+                continue
+            yield (path, trace) if self.flt.matches(trace) else (None, trace)
+
+    def load(self, ref: Any) -> ExecutionTrace:
+        return self.store.read_path(ref) if self.store is not None else self.traces[ref]  # type: ignore[index]
+
+
+class DatasetPipeline:
+    """Runs one builder over a store with filters, grouping, deduplication and the train/validation split."""
+
+    OPTIONS = ("filters", "group_by", "similarity", "embedding_model", "embedder", "val_fraction", "seed")
+
+    def __init__(self, builder: DatasetBuilder, *, filters: DatasetFilter | None = None, group_by: GroupBy = "query",
+                 similarity: float = 0.9, embedding_model: str | None = None, embedder: Embedder | None = None,
+                 val_fraction: float = 0.1, seed: int = 0) -> None:
+        self.builder = builder
+        self.filters = filters or DatasetFilter()
+        self.grouper = Grouper(group_by, similarity, embedding_model, embedder)
+        self.val_fraction = check_fraction(val_fraction)
+        self.seed = seed
+        self.stats = BuildStats()
+
+    # -- entry points ---------------------------------------------------------------------------
+    def build(self, source: TraceStore | Iterable[ExecutionTrace], out: str | Path, *, parquet: bool = False,
+              overwrite: bool = False, on_progress: Progress | None = None) -> BuildResult:
+        """Build the dataset into `out` (see the module docstring for the layout)."""
+        import time
+
+        started = time.perf_counter()
+        out = Path(out).expanduser()
+        _prepare_out(out, overwrite)
+        src = _Source(source, self.filters, self.stats)
+        sink = DiskSink(out / ".flowrl-build")
+        try:
+            self._run(src, sink, on_progress)
+            counts = self._check_counts(sink.counts(), src)
+            shuffle = {TRAIN} if self.builder.shuffle_train else set()
+            features = self.builder.features()
+            arrows = sink.finish(out, features, shuffle, self.seed, parquet=parquet, on_progress=on_progress)
+            _save(out, arrows, parquet)
+        finally:
+            sink.close()
+            shutil.rmtree(out / ".flowrl-build", ignore_errors=True)
+        metadata = self._metadata(counts, src, parquet)
+        (out / METADATA_FILE).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
+        (out / "README.md").write_text(render_card(metadata), encoding="utf-8")
+        problems = list(src.store.problems) if src.store is not None else []
+        return BuildResult(out, self.builder.method, counts, self.stats, metadata,
+                           time.perf_counter() - started, problems)
+
+    def to_dataset_dict(self, source: TraceStore | Iterable[ExecutionTrace]) -> Any:
+        """The dataset as an in-memory `datasets.DatasetDict` (no files written)."""
+        src = _Source(source, self.filters, self.stats)
+        sink = MemorySink()
+        self._run(src, sink, None)
+        self._check_counts(sink.counts(), src)
+        shuffle = {TRAIN} if self.builder.shuffle_train else set()
+        return sink.dataset_dict(self.builder.features(), shuffle, self.seed)
+
+    def metadata(self, counts: dict[str, int]) -> dict[str, Any]:
+        return self._metadata(counts, None, False)
+
+    # -- the passes -----------------------------------------------------------------------------
+    def _run(self, src: _Source, sink: DiskSink | MemorySink, on_progress: Progress | None) -> None:
+        total = src.total() if on_progress else None
+        if self.grouper.needs_fit and not self.builder.grouped:
+            self.grouper.fit(self.grouper.raw_key(t) for ref, t in src.scan() if ref is not None)
+        infos: list[TraceInfo] = []
+        seen: set[bytes] = set()
+        for done, (ref, trace) in enumerate(src.scan(), 1):
+            if on_progress and (done % 500 == 0 or done == total):
+                on_progress("read", done, total)
+            if ref is None:
+                continue
+            self.stats.traces_read += 1
+            conv = self._conversation(trace, seen)
+            if conv is None:
+                continue
+            if self.builder.grouped:
+                info = self.builder.info(trace, ref, self.grouper.raw_key(trace))
+                if info is not None:
+                    infos.append(info)
+                continue
+            group_id = self.grouper.key(trace)
+            split = split_for(group_id, self.val_fraction, self.seed)
+            used = False
+            for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
+                self._add(sink, split, row)
+                used = True
+            self.stats.traces_used += used
+        if on_progress:
+            on_progress("read", total or 0, total)
+        if self.builder.grouped:
+            self._grouped(src, sink, infos)
+
+    def _conversation(self, trace: ExecutionTrace, seen: set[bytes]) -> Conversation | None:
+        conv = trace_conversation(trace, self.builder.arguments_as)
+        if conv.prompt_end == 0:
+            self.stats.skip("no user turn")
+            return None
+        if not conv.assistant_indices():
+            self.stats.skip("no assistant turn")
+            return None
+        if self.filters.dedupe:
+            key = hashlib.blake2b(orjson.dumps([conv.messages, conv.tools], option=orjson.OPT_SORT_KEYS, default=str),
+                                  digest_size=16).digest()
+            if key in seen:
+                self.stats.skip("duplicate")
+                return None
+            seen.add(key)
+        self.stats.add_reward(trace.reward_score)
+        self.stats.trace_labels[str(effective_label(trace)[0]).lower()] += 1
+        self.stats.synthesized += conv.synthesized
+        self.stats.without_tool_calls += not conv.has_tool_calls
+        return conv
+
+    def _grouped(self, src: _Source, sink: DiskSink | MemorySink, infos: list[TraceInfo]) -> None:
+        self.grouper.fit(info.group_id for info in infos)
+        groups: dict[str, list[TraceInfo]] = defaultdict(list)
+        for info in infos:
+            info.group_id = self.grouper.group_id(info.group_id)
+            groups[info.group_id].append(info)
+        self.builder.prepare(infos, self.stats)
+        self.stats.groups["total"] = len(groups)
+        used: set[str] = set()
+        arguments_as = self.builder.arguments_as
+
+        def load(info: TraceInfo) -> tuple[ExecutionTrace, Conversation]:
+            trace = src.load(info.ref)
+            return trace, trace_conversation(trace, arguments_as)
+
+        for group_id in sorted(groups):
+            split = split_for(group_id, self.val_fraction, self.seed)
+            for row in self.builder.group_rows(groups[group_id], load, self.stats):
+                self._add(sink, split, row)
+                used.update(_row_trace_ids(row))
+        self.stats.traces_used = len(used)
+
+    def _add(self, sink: DiskSink | MemorySink, split: str, row: dict[str, Any]) -> None:
+        sink.add(split, row)
+        self.stats.rows[split] += 1
+        if "label" in row:
+            self.stats.add_label(split, row["label"])
+
+    def _check_counts(self, counts: dict[str, int], src: _Source) -> dict[str, int]:
+        where = src.describe()
+        filters = self.filters.describe()
+        filters.pop("dedupe", None)
+        shown = ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"
+        if self.stats.traces_read == 0:
+            hint = " (unreadable files were skipped: see the warnings)" if self.stats.unreadable else ""
+            raise DatasetError(f"no traces under {where} match the filters ({shown}){hint}: "
+                               "check --store and the filters, or capture/ingest traces first (`flowrl ingest PATH`)")
+        if not counts:
+            reasons = "; ".join(f"{n} {k}" for k, n in {**self.stats.skipped, **{
+                k: v for k, v in self.stats.groups.items() if k not in ("used", "total")}}.items())
+            too_long = f"; {self.stats.dropped_too_long} rows over the length budget" if self.stats.dropped_too_long else ""
+            raise DatasetError(f"no {self.builder.method} rows from {self.stats.traces_read} traces under {where} "
+                               f"(filters: {shown}): {reasons or 'nothing usable'}{too_long}")
+        if TRAIN not in counts and VALIDATION in counts:
+            raise DatasetError(f"every task fell into the validation split ({counts[VALIDATION]} rows): "
+                               "lower --val-fraction (or use 0) or add traces of more tasks")
+        return {k: counts[k] for k in SPLITS if k in counts}
+
+    def _metadata(self, counts: dict[str, int], src: _Source | None, parquet: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "method": self.builder.method,
+            "flowrl_version": __version__,
+            "created": datetime.now().isoformat(timespec="seconds"),
+            "store": src.describe() if src is not None else None,
+            "counts": counts,
+            "desirable_weight": None,
+            "undesirable_weight": None,
+            "splits": {"names": list(counts), "val_fraction": self.val_fraction, "seed": self.seed,
+                       "rule": "by group: blake2b(seed:group_id) / 2**64 < val_fraction -> validation"},
+            "filters": self.filters.describe(),
+            "grouping": self.grouper.describe(),
+            "options": self.builder.options(),
+            "files": {"dataset_dict": "dataset_dict.json", "jsonl": [f"data/{k}.jsonl" for k in counts],
+                      "parquet": [f"data/{k}.parquet" for k in counts] if parquet else []},
+            "stats": self.stats.to_dict(),
+        }
+        if self.builder.method == "kto":
+            train = self.stats.labels.get(TRAIN, Counter())
+            meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(train.get("true", 0), train.get("false", 0))
+        return meta
+
+
+def _row_trace_ids(row: dict[str, Any]) -> list[str]:
+    ids = [row[k] for k in ("trace_id", "chosen_trace_id", "rejected_trace_id") if row.get(k)]
+    return ids + list(row.get("trace_ids") or ())
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a folder")
+    if out.is_dir() and any(out.iterdir()):
+        ours = [out / name for name in OUTPUT_NAMES if (out / name).exists()]
+        others = [p for p in out.iterdir() if p.name not in OUTPUT_NAMES]
+        if not overwrite or others:
+            what = "holds other files" if others else "already holds a dataset"
+            raise ConfigError(f"--out {out} {what}: pick an empty folder" + ("" if others else " or pass --overwrite"))
+        for path in ours:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _save(out: Path, arrows: dict[str, Path], parquet: bool) -> None:
+    from datasets import Dataset, DatasetDict
+    from datasets.utils import logging as ds_logging
+
+    was = ds_logging.is_progress_bar_enabled()
+    ds_logging.disable_progress_bar()
+    try:
+        dd = DatasetDict({split: Dataset.from_file(str(path)) for split, path in arrows.items()})
+        dd.save_to_disk(str(out))
+        if parquet:
+            for split, ds in dd.items():
+                ds.to_parquet(str(out / "data" / f"{split}.parquet"))
+    finally:
+        if was:
+            ds_logging.enable_progress_bar()
