@@ -140,3 +140,73 @@ def test_use_model_rejects_what_it_cannot_do() -> None:
         use_model(SimpleNamespace(fast_llm_model="x"), "flowrl-tiny")
     with pytest.raises(ExportError, match="cannot point it"):
         use_model(object(), "ollama/x")
+
+
+GO_RENDER = """package main
+
+import (
+	"encoding/json"
+	"os"
+	"text/template"
+)
+
+type Message struct{ Role, Content string }
+
+func main() {
+	var in struct {
+		Template, System string
+		Messages         []*Message
+	}
+	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
+		panic(err)
+	}
+	t := template.Must(template.New("m").Parse(in.Template))
+	if err := t.Execute(os.Stdout, map[string]any{"System": in.System, "Messages": in.Messages}); err != nil {
+		panic(err)
+	}
+}
+"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}],
+    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2?"}],
+    [{"role": "system", "content": "S"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+     {"role": "user", "content": "c"}],
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("jinja", ["chatml", "llama3"])
+def test_go_template_renders_like_the_jinja_template(tmp_path: Path, jinja: str) -> None:
+    """Runs the Modelfile's TEMPLATE through Go's text/template, fed as Ollama feeds it, against transformers' rendering."""
+    import json
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("needs the Go toolchain (apt-get install golang-go) to run text/template")
+    template = tiny_tokenizer().chat_template if jinja == "chatml" else LLAMA3_TEMPLATE
+    model_dir = _tokenizer_dir(tmp_path / "model", template)
+    spec = build_modelfile("./m.gguf", model_dir)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = template
+    (tmp_path / "render.go").write_text(GO_RENDER)
+    env = {"HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"), "GOFLAGS": "-mod=mod",
+           "PATH": os.environ["PATH"], "GO111MODULE": "off"}
+    binary = tmp_path / "render"
+    subprocess.run([go, "build", "-o", str(binary), str(tmp_path / "render.go")], check=True, env=env, cwd=tmp_path)
+    for messages in CONVERSATIONS:
+        expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if jinja == "llama3":  # BOS comes from the tokenizer (add_bos_token), not from Ollama's template
+            expected = expected.removeprefix(tokenizer.bos_token)
+        # Ollama: the Modelfile SYSTEM becomes a system message when the request has none; .System joins them
+        sent = messages if messages[0]["role"] == "system" or not spec.system else \
+            [{"role": "system", "content": spec.system}, *messages]
+        system = "\n\n".join(m["content"] for m in sent if m["role"] == "system")
+        payload = {"Template": spec.template, "System": system,
+                   "Messages": [{"Role": m["role"], "Content": m["content"]} for m in sent]}
+        rendered = subprocess.run([str(binary)], input=json.dumps(payload), capture_output=True, text=True,
+                                  check=True).stdout
+        assert rendered == expected, messages

@@ -46,5 +46,7 @@ def export(
     console.print(f"Modelfile     {result.modelfile}", highlight=False)
     if result.ollama_created:
         console.print(f"ollama        created {ollama}; use it with use_model(agent, 'ollama/{ollama}')", highlight=False)
+    elif ollama:
+        console.print(f"ollama        not on PATH here; run where Ollama is installed: {result.ollama_command}", highlight=False)
     else:
-        console.print(f"ollama        run: {result.ollama_command}", highlight=False)
+        console.print(f"ollama        to register it: {result.ollama_command}", highlight=False)

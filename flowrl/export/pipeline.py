@@ -102,10 +102,7 @@ class ExportPipeline:
         result.ollama_command = " ".join(deployer.command(result.modelfile))
         if self.ollama_name:
             self.progress(f"registering {self.ollama_name} with Ollama")
-            deploy = deployer.create(result.modelfile)
-            result.ollama_created = deploy.created
-            if not deploy.created:
-                result.warnings.append(f"{deploy.output}: {deploy.command_line}")
+            result.ollama_created = deployer.create(result.modelfile).created
         self._write_record(result)
         return result
 
