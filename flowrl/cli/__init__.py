@@ -19,6 +19,7 @@ from flowrl.errors import FlowRLError
 COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.traces",
     "flowrl.cli.dataset",
+    "flowrl.cli.score",
     "flowrl.cli.export",
     "flowrl.cli.report",
 )

@@ -1,0 +1,194 @@
+"""RewardEngine: runs a set of weighted rewards over traces and combines them.
+
+- `compute_all(trace)` -> {name: RewardResult}; `compute_batch(traces)` does the same for many, letting each
+  reward batch (the sandbox runs its programs together, the judge sends a task's traces in one call);
+- `compute_combined(...)` -> the weighted mean over the rewards that returned a value (None if none did);
+- `compute_for_group(traces)` -> combined scores z-scored within the group (GRPO-style advantages);
+- `get_binary_label(score)` -> score >= threshold (0.6 by default), None when there is no score.
+
+Default weights are toolboxv2's: code_execution 2, syntax 1, tool_success 2, task_completion 1.5,
+efficiency 0.5, format 1; learned and judge are off until a config enables them. `LearnedReward` runs after
+the others and sees their fresh values as features.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import ConfigError
+from flowrl.rewards.base import Reward, RewardResult
+from flowrl.rewards.config import (
+    DEFAULT_THRESHOLD,
+    REGISTRY,
+    EngineConfig,
+    default_config,
+    load_config,
+    reward_class,
+)
+from flowrl.schema import ExecutionTrace
+
+log = logging.getLogger(__name__)
+
+Results = dict[str, RewardResult]
+
+
+def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float]]:
+    """Instantiate the enabled rewards of a config, with their weights."""
+    rewards: dict[str, Reward] = {}
+    weights: dict[str, float] = {}
+    for name, spec in cfg.rewards.items():
+        if not spec.enabled:
+            continue
+        try:
+            cls = reward_class(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != REGISTRY[name][0]:
+                raise
+            log.warning("flowrl: reward %s is not available in this install (%s); skipping it", name, exc)
+            continue
+        try:
+            rewards[name] = cls(**spec.options)
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: rewards.{name}: {exc}") from exc
+        except TypeError as exc:
+            raise ConfigError(f"{cfg.source}: rewards.{name}: {exc}") from exc
+        weights[name] = spec.weight
+    return rewards, weights
+
+
+class RewardEngine:
+    def __init__(self, rewards: Mapping[str, Reward] | None = None, weights: Mapping[str, float] | None = None,
+                 threshold: float = DEFAULT_THRESHOLD) -> None:
+        if rewards is None:
+            rewards, default_w = build_rewards(default_config())
+            weights = {**default_w, **(weights or {})}
+        self.rewards: dict[str, Reward] = dict(rewards)
+        weights = dict(weights or {})
+        for name, w in weights.items():
+            if w < 0:
+                raise ConfigError(f"weight of {name!r} must not be negative, got {w}")
+        self.weights = {n: float(weights.get(n, REGISTRY[n][2] if n in REGISTRY else 1.0)) for n in self.rewards}
+        self.threshold = threshold
+        self.source = "<defaults>"
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None) -> RewardEngine:
+        """An engine from a TOML or YAML file; the defaults when `path` is None."""
+        cfg = load_config(path) if path is not None else default_config()
+        rewards, weights = build_rewards(cfg)
+        engine = cls(rewards, weights, cfg.threshold)
+        engine.source = cfg.source
+        return engine
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.rewards)
+
+    def _stages(self) -> tuple[list[str], list[str]]:
+        from flowrl.rewards.learned import LearnedReward
+
+        late = [n for n, r in self.rewards.items() if isinstance(r, LearnedReward)]
+        return [n for n in self.rewards if n not in late], late
+
+    # -- computing --------------------------------------------------------------------------------------
+    def _run(self, name: str, traces: list[ExecutionTrace]) -> list[RewardResult]:
+        reward = self.rewards[name]
+        try:
+            results = list(reward.score_batch(traces))
+            if len(results) != len(traces):
+                raise ValueError(f"returned {len(results)} results for {len(traces)} traces")
+        except Exception as exc:  # one broken reward must not sink the others
+            log.warning("flowrl: reward %s failed on a batch of %d: %s", name, len(traces), exc, exc_info=True)
+            return [RewardResult(None, {"error": f"{type(exc).__name__}: {exc}"}) for _ in traces]
+        return [r if isinstance(r, RewardResult) else RewardResult(None, {"error": f"not a RewardResult: {r!r}"})
+                for r in results]
+
+    def compute_batch(self, traces: Iterable[ExecutionTrace]) -> list[Results]:
+        traces = list(traces)
+        out: list[Results] = [{} for _ in traces]
+        first, late = self._stages()
+        for name in first:
+            for slot, result in zip(out, self._run(name, traces)):
+                slot[name] = result
+        if late and traces:
+            fresh = [t.model_copy(update={"rewards": {**t.rewards, **{n: r.value for n, r in slot.items()}}})
+                     for t, slot in zip(traces, out)]
+            for name in late:
+                for slot, result in zip(out, self._run(name, fresh)):
+                    slot[name] = result
+        return [{n: slot[n] for n in self.rewards} for slot in out]
+
+    def compute_all(self, trace: ExecutionTrace) -> Results:
+        return self.compute_batch([trace])[0]
+
+    def compute_combined(self, item: ExecutionTrace | Mapping[str, RewardResult | float | None]) -> float | None:
+        """Weighted mean over the rewards that returned a value; None when none did (or all weigh 0)."""
+        results = self.compute_all(item) if isinstance(item, ExecutionTrace) else item
+        total = weight_sum = 0.0
+        for name, r in results.items():
+            value = r.value if isinstance(r, RewardResult) else r
+            w = self.weights.get(name, 0.0)
+            if value is None or w <= 0 or (isinstance(value, float) and math.isnan(value)):
+                continue
+            total += w * float(value)
+            weight_sum += w
+        return total / weight_sum if weight_sum > 0 else None
+
+    def compute_for_group(self, traces: Iterable[ExecutionTrace] | None = None,
+                          scores: Iterable[float | None] | None = None) -> list[float | None]:
+        """Combined scores z-scored within one group (same task): (x - mean) / std; all 0 when they are equal.
+        Pass `scores` to standardise combined scores you already have."""
+        if scores is None:
+            scores = [self.compute_combined(r) for r in self.compute_batch(traces or [])]
+        values = list(scores)
+        present = [v for v in values if v is not None]
+        if not present:
+            return [None for _ in values]
+        mean = sum(present) / len(present)
+        std = math.sqrt(sum((v - mean) ** 2 for v in present) / len(present))
+        return [None if v is None else (0.0 if std < 1e-9 else (v - mean) / std) for v in values]
+
+    def get_binary_label(self, item: float | None | ExecutionTrace | Mapping[str, Any],
+                         threshold: float | None = None) -> bool | None:
+        """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default)."""
+        score = item if item is None or isinstance(item, (int, float)) else self.compute_combined(item)
+        if score is None:
+            return None
+        return float(score) >= (self.threshold if threshold is None else threshold)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def needs_preparation(self) -> bool:
+        return any(callable(getattr(r, "prepare", None)) for r in self.rewards.values())
+
+    def prepare(self, traces: Iterable[ExecutionTrace]) -> dict[str, Any]:
+        """Let rewards that learn from the store (LearnedReward) fit before a scoring run."""
+        reports: dict[str, Any] = {}
+        traces = list(traces)
+        for name, r in self.rewards.items():
+            fn = getattr(r, "prepare", None)
+            if callable(fn):
+                reports[name] = fn(traces)
+        return reports
+
+    def reward_funcs(self) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
+        """(reward functions, weights) for TRL's GRPOTrainer(reward_funcs=..., args=GRPOConfig(reward_weights=...))."""
+        return [r.as_reward_func() for r in self.rewards.values()], [self.weights[n] for n in self.rewards]
+
+    def close(self) -> None:
+        for r in self.rewards.values():
+            fn = getattr(r, "close", None)
+            if callable(fn):
+                try:
+                    fn()
+                except Exception as exc:  # closing must not raise over the real error
+                    log.warning("flowrl: closing reward %s failed: %s", getattr(r, "name", r), exc)
+
+    def __enter__(self) -> RewardEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
