@@ -172,3 +172,16 @@ def test_not_enough_free_space_is_refused_up_front(llama_dir: Path, tmp_path: Pa
     with pytest.raises(ExportError, match="not enough disk space"):
         GGUFExporter("f16").export(llama_dir, tmp_path / "m.gguf")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pytorch_bin_weights_are_read_too(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = save_tiny_model(tmp_path / "bin")
+    state = AutoModelForCausalLM.from_pretrained(str(model_dir)).state_dict()
+    (model_dir / "model.safetensors").unlink()
+    torch.save(state, model_dir / "pytorch_model.bin")
+    out = tmp_path / "m.gguf"
+    GGUFExporter("f16").export(model_dir, out)
+    assert verify_gguf(out, model_dir, "f16").passed

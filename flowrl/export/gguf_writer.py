@@ -19,6 +19,7 @@ into place only when complete: a full disk or any other failure leaves no partia
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -123,11 +124,17 @@ def _tensor_index(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
                 for key in f.keys():
                     index[key] = (path, tuple(f.get_slice(key).get_shape()))
         else:
-            import torch
-
-            for key, value in torch.load(str(path), map_location="cpu", weights_only=True).items():
+            for key, value in _torch_state_dict(path).items():
                 index[key] = (path, tuple(value.shape))
     return index
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_state_dict(path: Path) -> dict[str, Any]:
+    """A pytorch_model*.bin shard, loaded once while its tensors are written (tensors come shard by shard)."""
+    import torch
+
+    return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
 def _load(path: Path, key: str) -> Any:
@@ -140,7 +147,7 @@ def _load(path: Path, key: str) -> Any:
         with safe_open(str(path), framework="pt") as f:
             tensor = f.get_tensor(key)
     else:
-        tensor = torch.load(str(path), map_location="cpu", weights_only=True)[key]
+        tensor = _torch_state_dict(path)[key]
     return tensor.to(torch.float32).numpy()
 
 
@@ -217,7 +224,10 @@ class GGUFExporter:
                 yield gguf_name, transform(key, _load(index[key][0], key)), plan
 
         infos = [(gguf_name, shape, plan) for _, gguf_name, plan, shape in plans]
-        result.size_bytes = write_gguf(out_path, spec.gguf_arch, fill, infos, tensors)
+        try:
+            result.size_bytes = write_gguf(out_path, spec.gguf_arch, fill, infos, tensors)
+        finally:
+            _torch_state_dict.cache_clear()
         for _, gguf_name, plan, _ in plans:
             result.tensor_types[gguf_name] = plan.ggml_type
             if plan.fallback:

@@ -72,10 +72,9 @@ def _resolve_base(adapter_dir: Path, base: str) -> str:
 
 
 def _save_dtype(requested: str, base_config: dict[str, Any]) -> str:
-    if requested == "auto":
-        value = str(base_config.get("dtype") or base_config.get("torch_dtype") or "float32")
-    else:
-        value = requested
+    value = requested
+    if requested == "auto":  # "bfloat16", or torch.bfloat16 depending on the transformers version
+        value = str(base_config.get("dtype") or base_config.get("torch_dtype") or "float32").removeprefix("torch.")
     if value not in _DTYPES:
         raise ExportError(f"unknown dtype {requested!r}: use auto, float32, float16 or bfloat16")
     return _DTYPES[value]

@@ -194,7 +194,7 @@ def verify_gguf(
         if check.top1_agreement < tol.warn_top1_below:
             report.warnings.append(
                 f"{prompt!r}: only {check.top1_agreement:.0%} of next-token predictions agree with the unquantised "
-                f"model under {quant}; a higher-precision type (q8_0, f16) keeps more of the model")
+                f"model under {quant}; a higher-precision type keeps more of it (q8_0 > q4_0, f16 > bf16)")
         if not check.tokens_match:
             report.warnings.append(f"{prompt!r}: the GGUF tokenizer, as transformers rebuilds it, splits this prompt "
                                    "differently (llama.cpp/Ollama use tokenizer.ggml.pre and may still match)")
