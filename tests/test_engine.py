@@ -49,13 +49,14 @@ def no_code_config(tmp_path: Path, body: str = "") -> Path:
 
 def test_default_weights_are_toolboxv2s():
     assert DEFAULT_WEIGHTS == {"code_execution": 2.0, "syntax": 1.0, "tool_success": 2.0, "task_completion": 1.5,
-                               "efficiency": 0.5, "format": 1.0}
+                               "efficiency": 0.5, "format": 1.0, "reference_answer": 2.0}  # toolboxv2's six + flowrl's
 
 
 def test_default_engine_includes_code_execution():
     engine = RewardEngine()
     try:
-        assert engine.names == ["code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format"]
+        assert engine.names == ["code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format",
+                                "reference_answer"]
         assert engine.weights["code_execution"] == 2.0
         from flowrl.rewards import CodeExecutionReward
 

@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "EfficiencyReward": "flowrl.rewards.efficiency",
     "FormatComplianceReward": "flowrl.rewards.format",
     "LearnedReward": "flowrl.rewards.learned",
+    "ReferenceAnswerReward": "flowrl.rewards.reference",
     "LLMJudgeReward": "flowrl.rewards.judge",
     "ScoreSummary": "flowrl.rewards.scoring",
     "score_store": "flowrl.rewards.scoring",

@@ -44,6 +44,7 @@ REGISTRY: dict[str, tuple[str, str, float, bool]] = {
     "task_completion": ("flowrl.rewards.task_completion", "TaskCompletionReward", 1.5, True),
     "efficiency": ("flowrl.rewards.efficiency", "EfficiencyReward", 0.5, True),
     "format": ("flowrl.rewards.format", "FormatComplianceReward", 1.0, True),
+    "reference_answer": ("flowrl.rewards.reference", "ReferenceAnswerReward", 2.0, True),
     "learned": ("flowrl.rewards.learned", "LearnedReward", 1.0, False),
     "judge": ("flowrl.rewards.judge", "LLMJudgeReward", 1.0, False),
 }

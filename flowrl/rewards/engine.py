@@ -4,10 +4,13 @@
   reward batch (the sandbox runs its programs together, the judge sends a task's traces in one call);
 - `compute_combined(...)` -> the weighted mean over the rewards that returned a value (None if none did);
 - `compute_for_group(traces)` -> combined scores z-scored within the group (GRPO-style advantages);
-- `get_binary_label(score)` -> score >= threshold (0.6 by default), None when there is no score.
+- `get_binary_label(score)` -> score >= threshold (0.6 by default), None when there is no score. Given the
+  results (or a trace), a failed task is never good: `task_completion` or `reference_answer` at 0 means bad,
+  whatever the other rewards say (a run that said `final_answer(success=false)` is not a good example).
 
 Default weights are toolboxv2's: code_execution 2, syntax 1, tool_success 2, task_completion 1.5,
-efficiency 0.5, format 1; learned and judge are off until a config enables them. `LearnedReward` runs after
+efficiency 0.5, format 1; plus reference_answer 2 (None unless the task has a known answer); learned and
+judge are off until a config enables them. `LearnedReward` runs after
 the others and sees their fresh values as features.
 """
 
@@ -34,6 +37,12 @@ from flowrl.schema import ExecutionTrace
 log = logging.getLogger(__name__)
 
 Results = dict[str, RewardResult]
+GATES = ("task_completion", "reference_answer")  # at 0, the run failed its task: never labelled good
+
+
+def _value(r: Any) -> float | None:
+    value = r.value if isinstance(r, RewardResult) else r
+    return None if value is None else float(value)
 
 
 def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float]]:
@@ -154,10 +163,17 @@ class RewardEngine:
 
     def get_binary_label(self, item: float | None | ExecutionTrace | Mapping[str, Any],
                          threshold: float | None = None) -> bool | None:
-        """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default)."""
-        score = item if item is None or isinstance(item, (int, float)) else self.compute_combined(item)
+        """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default) and, when the
+        per-reward results are known, no gate reward (task_completion, reference_answer) is 0."""
+        if item is None or isinstance(item, (int, float)):
+            score, results = item, None
+        else:
+            results = self.compute_all(item) if isinstance(item, ExecutionTrace) else item
+            score = self.compute_combined(results)
         if score is None:
             return None
+        if results is not None and any(_value(results.get(g)) == 0.0 for g in GATES):
+            return False
         return float(score) >= (self.threshold if threshold is None else threshold)
 
     # -- lifecycle --------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def apply_results(trace: ExecutionTrace, results: Results, engine: RewardEngine)
     trace.reward_details = {n: dict(r.details) for n, r in results.items()}
     trace.reward_score = engine.compute_combined(results)
     if not is_manual_label(trace):
-        trace.label = engine.get_binary_label(trace.reward_score)
+        trace.label = engine.get_binary_label(results)
         trace.label_source = "engine" if trace.label is not None else None
     return trace
 

@@ -1,0 +1,55 @@
+"""ReferenceAnswerReward: is the agent's answer the task's known answer?
+
+Reads the reference from the trace's metadata (`reference_answer`, `expected_answer`, `reference`,
+`expected`, `answer`: the keys the dataset builder reads too) or, for a fresh GRPO completion, from the
+dataset's `reference_answer` column. A reference the dataset builder took from another run's answer
+(`reference_source == "best_trace"`) is only a guess, so it is not used. No reference: None.
+
+1.0 when the reference appears in the answer as a whole word or number (case-insensitive, numbers
+compared after removing thousands separators), else 0.0.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flowrl.rewards.base import Reward, RewardResult
+from flowrl.rewards.views import answer_text
+from flowrl.schema import ExecutionTrace
+
+REFERENCE_KEYS = ("reference_answer", "expected_answer", "reference", "expected", "answer")
+
+
+def reference_of(trace: ExecutionTrace) -> str | None:
+    for key in REFERENCE_KEYS:
+        value = trace.metadata.get(key)
+        if value not in (None, ""):
+            return str(value)
+    cols: dict[str, Any] = trace.metadata.get("grpo_columns") or {}
+    if cols.get("reference_source") == "best_trace":
+        return None
+    value = cols.get("reference_answer")
+    return None if value in (None, "") else str(value)
+
+
+def answer_matches(expected: str, answer: str) -> bool:
+    """`expected` appears in `answer` as a whole word or number (case-insensitive)."""
+    norm_answer = re.sub(r"(?<=\d),(?=\d{3}\b)", "", (answer or "").lower())
+    norm_expected = re.sub(r"(?<=\d),(?=\d{3}\b)", "", expected.strip().lower())
+    if not norm_expected:
+        return False
+    pattern = r"(?<![\w.])" + re.escape(norm_expected) + r"(?![\w]|\.\d)"
+    return re.search(pattern, norm_answer) is not None
+
+
+class ReferenceAnswerReward(Reward):
+    name = "reference_answer"
+
+    def score(self, trace: ExecutionTrace) -> RewardResult:
+        expected = reference_of(trace)
+        if expected is None:
+            return RewardResult(None, {"reason": "no reference answer"})
+        answer = answer_text(trace)
+        ok = answer_matches(expected, answer)
+        return RewardResult(1.0 if ok else 0.0, {"expected": expected, "answer": answer[:500], "match": ok})
