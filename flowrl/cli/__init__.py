@@ -17,6 +17,7 @@ from flowrl.errors import FlowRLError
 
 # Command modules, in the order their commands are listed in `flowrl --help`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "flowrl.cli.ingest",
     "flowrl.cli.traces",
     "flowrl.cli.dataset",
     "flowrl.cli.score",

@@ -1,0 +1,160 @@
+"""FlowAgent checkpoint files: load (restricted), dispatch on the pickled class, split into user turns.
+
+`load_checkpoint(path)` returns a `Checkpoint` whatever the version: V2 (`checkpoint_manager.AgentCheckpoint`,
+toolboxv2 >= 0.1.27) or V1 (`types.AgentCheckpoint`, the older agent). Each yields `SessionHistory`
+objects; `split_turns` turns a session's messages into `ChatTurn`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import IngestError
+from flowrl.ingest.unpickler import V1Checkpoint, V2Checkpoint, load_restricted, loads_restricted
+
+log = logging.getLogger(__name__)
+
+RUN_SUMMARY_RE = re.compile(r"^RUN SUMMARY \[([^\]\s]{1,64})\]")
+_NAME_TS_RE = re.compile(r"agent_checkpoint_(\d{8}_\d{6})\.pkl$")
+CHECKPOINT_NAME_RE = re.compile(r"^(?:agent_checkpoint_\d{8}_\d{6}|final_checkpoint)\.pkl$")
+
+
+@dataclass
+class SessionHistory:
+    session_id: str
+    messages: list[dict[str, Any]]
+    max_history: int | None = None  # messages beyond this were dropped, oldest first
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    kind: str  # "v2" or "v1"
+    agent: str
+    timestamp: str  # ISO, from the file name when it has one (as FlowAgent does), else the pickled value
+    version: str
+    sessions: list[SessionHistory] = field(default_factory=list)
+
+
+@dataclass
+class ChatTurn:
+    """One user turn in a session's permanent history."""
+
+    session_id: str
+    index: int  # position of the user message
+    query: str
+    answer: str | None  # the last assistant message that is not the RUN SUMMARY line
+    run_id: str | None = None
+    occurrence: int = 0  # n-th turn of this run id in the session (n-th equal turn when there is none)
+    ambiguous_head: bool = False  # first run-id group of a history that may have lost its oldest messages
+    timestamp: str | None = None  # V1 messages carry one
+    tool_messages: int = 0
+
+
+def text_of(content: Any) -> str:
+    """Message content as text (OpenAI list-of-parts content is joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") if isinstance(p, dict) else str(p) for p in content]
+        return "".join(p for p in parts if isinstance(p, str))
+    return str(content)
+
+
+def iso(value: Any) -> str | None:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day).isoformat()
+    if isinstance(value, str) and value:
+        return value
+    return None
+
+
+def name_timestamp(path: Path) -> str | None:
+    m = _NAME_TS_RE.search(path.name)
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y%m%d_%H%M%S").isoformat()
+
+
+def load_checkpoint(path: Path, raw: bytes | None = None) -> Checkpoint:
+    """Unpickle one checkpoint file (restricted) and read it. Raises IngestError / UnsafePickleError."""
+    path = Path(path)
+    obj = load_restricted(path) if raw is None else loads_restricted(raw, origin=str(path))
+    if isinstance(obj, V2Checkpoint):
+        from flowrl.ingest.checkpoint_v2 import read_v2
+
+        return read_v2(path, obj)
+    if isinstance(obj, V1Checkpoint):
+        from flowrl.ingest.checkpoint_v1 import read_v1
+
+        return read_v1(path, obj)
+    raise IngestError(f"{path}: not a FlowAgent checkpoint (the pickle holds a {type(obj).__name__}, "
+                      f"not an AgentCheckpoint)")
+
+
+def _role(m: Any) -> str:
+    return m.get("role", "") if isinstance(m, dict) else ""
+
+
+def split_turns(history: SessionHistory) -> Iterator[ChatTurn]:
+    """Group messages into turns: a user message, then everything up to the next user message.
+
+    The answer is the last assistant message that is not `RUN SUMMARY [run_id]: ...` (that line only
+    gives the run id). A user message with no answer after it (a sidecar question, a commit still in
+    progress) yields a turn with `answer=None`.
+    """
+    msgs = [m for m in history.messages if isinstance(m, dict)]
+    # A history at its cap (or one that starts in the middle of a turn) may have lost its oldest
+    # messages: its first run-id group might have started earlier, as an auto-resumed run.
+    truncated = bool(msgs) and (_role(msgs[0]) != "user" or
+                                (history.max_history is not None and len(history.messages) >= history.max_history))
+    head_run: str | None = None
+    if truncated:
+        for m in msgs:
+            if _role(m) == "assistant":
+                hit = RUN_SUMMARY_RE.match(text_of(m.get("content")))
+                if hit:
+                    head_run = hit.group(1)
+                    break
+    runs_seen: dict[str, int] = {}
+    pairs_seen: dict[tuple[str, str | None], int] = {}
+    i = 0
+    while i < len(msgs):
+        if _role(msgs[i]) != "user":
+            i += 1
+            continue
+        turn = ChatTurn(session_id=history.session_id, index=i, query=text_of(msgs[i].get("content")),
+                        answer=None, timestamp=iso(msgs[i].get("timestamp")))
+        j = i + 1
+        while j < len(msgs) and _role(msgs[j]) != "user":
+            m = msgs[j]
+            if _role(m) == "assistant":
+                content = text_of(m.get("content"))
+                hit = RUN_SUMMARY_RE.match(content)
+                if hit and turn.run_id is None:
+                    turn.run_id = hit.group(1)
+                elif not hit:
+                    turn.answer = content
+            elif _role(m) == "tool":
+                turn.tool_messages += 1
+            j += 1
+        if turn.run_id is not None:
+            turn.occurrence = runs_seen.get(turn.run_id, 0)
+            runs_seen[turn.run_id] = turn.occurrence + 1
+            turn.ambiguous_head = truncated and turn.run_id == head_run
+        elif turn.answer is not None:
+            key = (turn.query, turn.answer)
+            turn.occurrence = pairs_seen.get(key, 0)
+            pairs_seen[key] = turn.occurrence + 1
+        yield turn
+        i = j

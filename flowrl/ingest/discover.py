@@ -1,0 +1,138 @@
+"""What a PATH given to `flowrl ingest` / `flowrl watch` holds.
+
+A PATH may be a toolboxv2 data dir (`{TB_DATA_DIR}/.data/<app>` or `TB_DATA_DIR` itself), an `Agents/`
+dir, one agent's checkpoint dir, an obs dir, a store of rl_traces JSON, or single files. Directories are
+walked recursively and files are recognised by name:
+
+| file | kind |
+|---|---|
+| `agent_checkpoint_YYYYmmdd_HHMMSS.pkl`, `final_checkpoint.pkl` | checkpoint (V1 or V2, told apart by the pickled class) |
+| `run_<id>.json` | obs run |
+| `live_<id>*.jsonl` | obs live file |
+| `*.json` inside a `YYYY-MM-DD` folder | trace (rl_traces or a flowrl store) |
+
+A file named on the command line is taken whatever its name: `.pkl` is a checkpoint, `.jsonl` a live
+file, `.json` an obs run or a trace (by content). Skipped while walking: `.staging`, `.git`,
+`__pycache__`, `node_modules`, virtual environments, and the target store itself. A checkpoint dir
+(`Agents/checkpoint/<agent>/`) also brings in its agent's obs dir (`Agents/<agent>/obs/`) so turns can
+be joined to their runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowrl.errors import IngestError
+from flowrl.ingest.checkpoint import CHECKPOINT_NAME_RE
+from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
+
+CHECKPOINT, OBS, LIVE, TRACE = "checkpoint", "obs", "live", "trace"
+_DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_PRUNE = {".staging", ".git", "__pycache__", "node_modules", "site-packages", ".venv", ".venv-toolbox", ".tox",
+          ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    path: Path
+    explicit: bool = False  # named on the command line: an unreadable file is reported, never ignored
+    problem: str | None = None  # why a named file cannot be read at all (reported as rejected)
+
+
+def classify(path: Path) -> str | None:
+    """The kind of a file found while walking, from its name (None: not ours)."""
+    name = path.name
+    if name.endswith(".pkl"):
+        return CHECKPOINT if CHECKPOINT_NAME_RE.match(name) else None
+    if name.endswith(".jsonl"):
+        return LIVE if LIVE_FILE_RE.match(name) else None
+    if name.endswith(".json") and not name.startswith("."):
+        if RUN_FILE_RE.match(name):
+            return OBS
+        if _DATE_DIR.match(path.parent.name):
+            return TRACE
+    return None
+
+
+def classify_explicit(path: Path) -> str:
+    name = path.name
+    if name.endswith(".pkl"):
+        return CHECKPOINT
+    if name.endswith(".jsonl"):
+        return LIVE
+    if name.endswith(".meta.json"):
+        raise IngestError(f"{path}: a checkpoint's .meta.json sidecar holds no turns: give the .pkl next to it")
+    if name.endswith(".json"):
+        return OBS if RUN_FILE_RE.match(name) else TRACE
+    raise IngestError(f"{path}: not a file flowrl reads (expected .pkl, .json or .jsonl)")
+
+
+def _companion_obs(directory: Path) -> Path | None:
+    """`Agents/checkpoint/<agent>/` -> `Agents/<agent>/obs/` when it exists."""
+    if directory.parent.name == "checkpoint":
+        obs = directory.parent.parent / directory.name / "obs"
+        if obs.is_dir():
+            return obs
+    return None
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def walk(directory: Path, exclude: Iterable[Path] = (), skip_files: frozenset[Path] = frozenset()) -> Iterator[Source]:
+    excluded = {Path(os.path.abspath(p)) for p in exclude}
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in _PRUNE and Path(os.path.abspath(here / d)) not in excluded)
+        for name in sorted(filenames):
+            path = here / name
+            kind = classify(path)
+            if kind is not None and (not skip_files or Path(os.path.abspath(path)) not in skip_files):
+                yield Source(kind, path)
+
+
+def resolve_roots(paths: Iterable[Path]) -> tuple[list[Path], list[Path]]:
+    """(directories to walk, files named explicitly). Raises IngestError for a path that does not exist.
+
+    Directories nested in another given directory are dropped (the outer walk covers them); a checkpoint
+    dir adds its agent's obs dir."""
+    dirs: list[Path] = []
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise IngestError(f"{raw}: no such file or directory")
+        if path.is_dir():
+            dirs.append(Path(os.path.abspath(path)))
+            companion = _companion_obs(path)
+            if companion is not None:
+                dirs.append(Path(os.path.abspath(companion)))
+        else:
+            files.append(Path(os.path.abspath(path)))
+    dirs = sorted(set(dirs))
+    dirs = [d for d in dirs if not any(d != o and _under(d, o) for o in dirs)]
+    return dirs, sorted(set(files))
+
+
+def iter_sources(paths: Iterable[Path], exclude: Iterable[Path] = ()) -> Iterator[Source]:
+    """Every source under the given paths, each once, lazily (the walk holds no list of files)."""
+    dirs, files = resolve_roots(paths)
+    for f in files:
+        try:
+            yield Source(classify_explicit(f), f, explicit=True)
+        except IngestError as exc:
+            yield Source("unsupported", f, explicit=True, problem=str(exc))
+    skip = frozenset(files)
+    for d in dirs:
+        yield from walk(d, exclude, skip)

@@ -1,0 +1,240 @@
+"""The ingest engine: sources in, de-duplicated and masked traces out, one file at a time.
+
+Order matters for joins: checkpoints are read first (oldest file first), each user turn joined by its run
+id to the obs run file or live file of the same run; then obs runs and live files, whose segments
+already taken from a checkpoint turn collapse into that trace by id; trace JSON files stream through as
+they are found.
+
+Memory: one file is held at a time. What grows is the set of trace ids already seen (one short string
+per distinct trace), one fingerprint per (agent, session), and a small cache of parsed obs runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import IngestError
+from flowrl.ingest.build import from_chat, from_segment
+from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
+from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, TRACE, Source, iter_sources
+from flowrl.ingest.ids import interrupted_id, turn_id
+from flowrl.ingest.rl_traces import NotATrace, read_trace_file
+from flowrl.ingest.runs import RunIndex, match_segment, run_id_of, stat_sig
+from flowrl.ingest.summary import IngestSummary
+from flowrl.redact import Redactor
+from flowrl.schema import ExecutionTrace
+
+log = logging.getLogger(__name__)
+
+LIVE_IDLE_S = 300.0  # a live file untouched this long belongs to an interrupted run
+
+
+class NotReady(IngestError):
+    """The file is still being written (a live file of a running run); try again later."""
+
+
+def _fingerprint(messages: list[Any]) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for m in messages:
+        if isinstance(m, dict):
+            h.update(str(m.get("role")).encode())
+            h.update(b"\x1e")
+            c = m.get("content")
+            h.update(c.encode("utf-8", "surrogatepass") if isinstance(c, str) else repr(c).encode())
+        h.update(b"\x1f")
+    return h.digest()
+
+
+@dataclass
+class _SessionSeen:
+    fingerprint: bytes
+    generation: int
+    read: int
+    skip_reasons: Counter[str]
+
+
+class Ingestor:
+    """Turns sources into new traces. `exists(trace_id)` (the store's) makes re-runs add nothing."""
+
+    def __init__(self, *, exists: Callable[[str], bool] | None = None, redactor: Redactor | None = None,
+                 live_idle_s: float = LIVE_IDLE_S, clock: Callable[[], float] = time.time,
+                 on_file: Callable[[Source], None] | None = None) -> None:
+        self.summary = IngestSummary()
+        self.runs = RunIndex()
+        self.seen: set[str] = set()
+        self.redactor = redactor if redactor is not None else Redactor()
+        self.live_idle_s = live_idle_s
+        self._exists = exists
+        self._clock = clock
+        self._on_file = on_file
+        self._sessions: dict[tuple[str, str], _SessionSeen] = {}
+
+    # -- driving ----------------------------------------------------------------------------------
+    def run(self, paths: Iterable[Path], exclude: Iterable[Path] = ()) -> Iterator[ExecutionTrace]:
+        """Discover and ingest everything under `paths` (IngestError for a path that does not exist)."""
+        t0 = time.perf_counter()
+        pending: list[Source] = []
+        for src in iter_sources(paths, exclude):
+            if src.kind == TRACE:
+                yield from self.process([src])
+            else:
+                if src.kind in (OBS, LIVE):
+                    self.runs.add(src.path)
+                pending.append(src)
+        yield from self.process(pending)
+        self.summary.seconds += time.perf_counter() - t0
+
+    def process(self, sources: Iterable[Source]) -> Iterator[ExecutionTrace]:
+        """Ingest sources (checkpoints first, oldest first; then obs, live, traces). Problems are recorded."""
+        rank = {CHECKPOINT: 0, OBS: 1, LIVE: 2, TRACE: 3}
+        for src in sorted(sources, key=lambda s: (rank.get(s.kind, 4), str(s.path))):
+            try:
+                yield from self.ingest_source(src)
+            except NotReady as exc:
+                self.summary.skip(str(exc).split(": ", 1)[-1])
+            except NotATrace as exc:
+                if src.explicit:
+                    self.summary.reject(src.path, str(exc))
+                else:
+                    log.debug("flowrl: ignoring %s", exc)
+            except IngestError as exc:
+                self.summary.reject(src.path, str(exc))
+                log.warning("flowrl: rejected %s", exc)
+        self.summary.masked = self.redactor.stats.masked
+
+    def ingest_source(self, src: Source, raw: bytes | None = None) -> Iterator[ExecutionTrace]:
+        """One source (`raw`: its bytes, already read); raises IngestError (NotReady: try later)."""
+        if self._on_file is not None:
+            self._on_file(src)
+        if src.problem:
+            raise IngestError(src.problem)
+        if src.kind == CHECKPOINT:
+            yield from self._checkpoint(load_checkpoint(src.path, raw))
+        elif src.kind in (OBS, LIVE):
+            self.runs.add(src.path, changed=raw is not None)
+            yield from self._run_file(src.path, raw)
+        elif src.kind == TRACE:
+            trace = read_trace_file(src.path, raw)
+            self.summary.files_read += 1
+            self.summary.read += 1
+            out = self._offer(trace.trace_id, lambda: trace)
+            if out is not None:
+                yield out
+        else:
+            raise IngestError(f"{src.path}: not a file flowrl reads")
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _checkpoint(self, cp: Checkpoint) -> Iterator[ExecutionTrace]:
+        self.summary.files_read += 1
+        for history in cp.sessions:
+            key = (cp.agent, history.session_id)
+            fp = _fingerprint(history.messages)
+            seen = self._sessions.get(key)
+            if seen is not None and seen.fingerprint == fp and seen.generation == self.runs.generation:
+                # The same session as in an earlier snapshot, with nothing new to join it to.
+                n_skipped = sum(seen.skip_reasons.values())
+                self.summary.read += seen.read
+                self.summary.duplicate += seen.read - n_skipped
+                for reason, n in seen.skip_reasons.items():
+                    self.summary.skip(reason, n)
+                continue
+            read0, reasons0 = self.summary.read, Counter(self.summary.skip_reasons)
+            for turn in split_turns(history):
+                trace = self._turn(cp, turn)
+                if trace is not None:
+                    yield trace
+            self._sessions[key] = _SessionSeen(fp, self.runs.generation, self.summary.read - read0,
+                                               self.summary.skip_reasons - reasons0)
+
+    def _turn(self, cp: Checkpoint, turn: ChatTurn) -> ExecutionTrace | None:
+        self.summary.read += 1
+        if turn.answer is None:
+            return self._skip("user message without an answer after it (a sidecar question, or a commit in progress)")
+        run = self.runs.get(turn.run_id, cp.agent, turn.session_id) if turn.run_id else None
+        seg = match_segment(run, turn) if run is not None else None
+        if run is not None and seg is not None and seg.query is not None:
+            query = seg.query
+            tid = turn_id(cp.agent, turn.session_id, turn.run_id, query, seg.answer if seg.answer is not None else turn.answer)
+            return self._offer(tid, lambda: from_segment(run, seg, trace_id=tid, source="checkpoint", query=query,
+                                                         answer=turn.answer, checkpoint=cp, turn=turn))
+        if turn.run_id is not None and turn.occurrence > 0:
+            return self._skip("auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
+                              "(chat_history repeats the original query)")
+        slot = turn.run_id or (f"ts:{turn.timestamp}" if turn.timestamp else "")
+        tid = turn_id(cp.agent, turn.session_id, slot, turn.query, turn.answer,
+                      0 if turn.run_id else turn.occurrence)
+        if turn.run_id is not None and turn.ambiguous_head and not self._known(tid):
+            return self._skip("oldest turn of a history cut at max_history: without its obs file it cannot be told "
+                              "from an auto-resumed turn")
+        return self._offer(tid, lambda: from_chat(turn, cp, trace_id=tid))
+
+    # -- obs runs and live files ------------------------------------------------------------------
+    def _run_file(self, path: Path, raw: bytes | None = None) -> Iterator[ExecutionTrace]:
+        if path.name.endswith(".jsonl"):
+            run_id = run_id_of(path)
+            if run_id and (path.parent / f"run_{run_id}.json").exists():
+                self.summary.skip("live file of a run that has its run file")
+                return
+            sig = stat_sig(path)
+            if sig is None:
+                raise IngestError(f"{path}: vanished before it could be read")
+            if self._clock() - sig[1] / 1e9 < self.live_idle_s:
+                raise NotReady(f"{path}: live file of a run still in progress")
+        run = self.runs.view(path, raw)
+        self.summary.files_read += 1
+        last = len(run.segments) - 1
+        for seg in run.segments:
+            self.summary.read += 1
+            if seg.query is None:
+                self._skip("auto-resumed part of a run without the follow-up user message")
+                continue
+            finished = run.finished or (seg.answer is not None and seg.index < last)
+            if finished:
+                tid = turn_id(run.agent, run.session_id, run.run_id, seg.query, seg.answer)
+                source = "obs" if run.kind == "obs" else "live-file"
+            else:
+                tid = interrupted_id(run.agent, run.session_id, run.run_id, seg.query)
+                source = "live-file"
+            trace = self._offer(tid, lambda seg=seg, tid=tid, source=source: from_segment(
+                run, seg, trace_id=tid, source=source, query=seg.query or "", answer=None))
+            if trace is not None:
+                yield trace
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def _skip(self, reason: str) -> None:
+        self.summary.skip(reason)
+        return None
+
+    def _known(self, trace_id: str) -> bool:
+        """Already ingested: in this run, or in the store."""
+        if trace_id in self.seen:
+            return True
+        if self._exists is not None and self._exists(trace_id):
+            self.seen.add(trace_id)
+            return True
+        return False
+
+    def _offer(self, trace_id: str, build: Callable[[], ExecutionTrace]) -> ExecutionTrace | None:
+        if self._known(trace_id):
+            self.summary.duplicate += 1
+            return None
+        try:
+            trace = build()
+            trace = ExecutionTrace.model_validate(self.redactor.redact(trace.to_dict()))
+        except Exception as exc:  # a malformed record must not stop the ingest
+            log.warning("flowrl: could not build trace %s: %s", trace_id, exc, exc_info=True)
+            self.summary.skip(f"could not build a trace ({type(exc).__name__})")
+            return None
+        self.seen.add(trace_id)
+        self.summary.new += 1
+        self.summary.new_by_source[trace.source] += 1
+        return trace
+
+
