@@ -79,6 +79,22 @@ def atomic_write_bytes(path: Path, data: bytes, staging: Path | None = None) -> 
         raise
 
 
+def _syncfs(path: Path) -> None:
+    """Flush every dirty page of the filesystem holding `path` (Linux `syncfs`; elsewhere `os.sync`)."""
+    import ctypes
+    import ctypes.util
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
+            os.sync()
+    except OSError:
+        os.sync()
+    finally:
+        os.close(fd)
+
+
 def dumps(trace: ExecutionTrace | dict[str, Any]) -> bytes:
     data = trace.to_dict() if isinstance(trace, ExecutionTrace) else trace
     return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=repr)
@@ -156,6 +172,34 @@ class TraceStore:
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space") from exc
         return path
+
+    def write_many(self, traces: list[ExecutionTrace]) -> list[Path]:
+        """Store many traces with one filesystem sync instead of one fsync each (ingest's bulk path).
+
+        Same guarantee as `write`: every file's data is on disk before it is renamed into place, so a
+        reader or a crash sees each trace whole or not at all."""
+        staged: list[tuple[str, Path]] = []
+        try:
+            self.staging.mkdir(parents=True, exist_ok=True)
+            for trace in traces:
+                path = self.path_for(trace)
+                fd, tmp = tempfile.mkstemp(dir=self.staging, prefix=f".{path.name}.", suffix=".tmp")
+                staged.append((tmp, path))
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(dumps(trace))
+            if staged:
+                _syncfs(self.staging)
+            for tmp, path in staged:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, path)
+        except OSError as exc:
+            for tmp, _ in staged:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+            raise StoreError(f"cannot write to {self.root}: {exc.strerror or exc}: check the store's permissions and free space") from exc
+        return [path for _, path in staged]
 
     def update(self, trace: ExecutionTrace) -> Path:
         """Rewrite a stored trace in place (its existing file), or write it if it is new."""

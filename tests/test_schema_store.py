@@ -154,3 +154,26 @@ def test_default_root_follows_flowrl_home(tmp_path: Path, monkeypatch: pytest.Mo
 def test_store_reads_a_copied_toolboxv2_store(tmp_path: Path) -> None:
     shutil.copytree(RL_TRACES, tmp_path / "rl")
     assert TraceStore(tmp_path / "rl").count() == 3
+
+
+def test_write_many_stores_all_and_leaves_nothing_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = TraceStore(tmp_path / "s")
+    traces = [ExecutionTrace(trace_id=f"t{i}", timestamp="2026-11-01T00:00:00") for i in range(5)]
+    paths = store.write_many(traces)
+    assert [p.name for p in paths] == [f"t{i}.json" for i in range(5)]
+    assert [t.trace_id for t in store.iter_traces()] == [f"t{i}" for i in range(5)]
+    assert list(store.staging.iterdir()) == []
+
+    real_replace = os.replace
+
+    def fail_third(src: str, dst: object) -> None:
+        if str(dst).endswith("u2.json"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_third)
+    with pytest.raises(StoreError, match="No space left"):
+        store.write_many([ExecutionTrace(trace_id=f"u{i}", timestamp="2026-11-02T00:00:00") for i in range(4)])
+    assert list(store.staging.iterdir()) == []  # no temp file left behind
+    for p in (tmp_path / "s" / "2026-11-02").glob("*.json"):
+        assert store.read_path(p).trace_id in ("u0", "u1")  # what was renamed is whole
