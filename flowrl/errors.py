@@ -49,3 +49,11 @@ def require(module: str, extra: str = "train"):
         raise MissingExtraError(
             f"{module} is not installed: run `pip install 'flowrl[{extra}]'` ({exc})"
         ) from exc
+
+
+class ModelError(FlowRLError):
+    """A model cannot be found, fetched, converted or loaded."""
+
+
+class TrainingError(FlowRLError):
+    """Training or evaluation cannot start or cannot go on."""

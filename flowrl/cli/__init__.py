@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.traces",
     "flowrl.cli.dataset",
     "flowrl.cli.score",
+    "flowrl.cli.train",
     "flowrl.cli.export",
     "flowrl.cli.report",
 )

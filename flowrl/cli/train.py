@@ -1,0 +1,166 @@
+"""`flowrl train` and `flowrl eval`: thin over flowrl.train (TrainingPipeline, evaluate)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from flowrl.cli.common import console, err_console
+from flowrl.errors import ConfigError
+
+
+def _quiet_known_warnings() -> None:
+    # transformers 5.23 warns about its own deprecated alias when TRL/PEFT read it; nothing a user can act on
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _trl_args(pairs: list[str] | None) -> dict[str, Any] | None:
+    if not pairs:
+        return None
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--trl {pair!r}: use KEY=VALUE, e.g. --trl loss_type=grpo")
+        out[key.strip()] = yaml.safe_load(raw)  # numbers, booleans and lists as YAML reads them
+    return out
+
+
+def train(
+    method: str | None = typer.Option(None, "--method", "-m", help="grpo, grpo-offline, kto, sft or dpo."),
+    dataset: Path | None = typer.Option(None, "--dataset", "-d", help="Dataset folder from `flowrl build-dataset` (or a JSONL file)."),
+    base_model: str | None = typer.Option(None, "--base-model", help="Model to start from: smollm2-135m (default, embedded), a local folder or a Hugging Face id."),
+    output_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML, TOML or JSON file of TrainingConfig options; flags win over it."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (default: one epoch)."),
+    epochs: float | None = typer.Option(None, "--epochs", help="Epochs over the dataset when --max-steps is not set."),
+    save_steps: int | None = typer.Option(None, "--save-steps", help="Save a checkpoint every N steps (default 50)."),
+    resume: bool | None = typer.Option(None, "--resume/--no-resume", help="Continue from the last checkpoint in --output-dir."),
+    resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder."),
+    overwrite: bool | None = typer.Option(None, "--overwrite/--no-overwrite", help="Start over in an --output-dir that holds a run."),
+    merge: bool | None = typer.Option(None, "--merge/--no-merge", help="Also save base + adapter merged into OUTPUT/merged."),
+    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default by method, for LoRA)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Per-device batch size (default: hardware profile)."),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", help="Gradient accumulation steps (default: hardware profile)."),
+    num_generations: int | None = typer.Option(None, "--num-generations", help="GRPO completions per prompt (default: hardware profile)."),
+    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16 (auto: bf16/fp16 on GPU, fp32 on CPU)."),
+    max_length: int | None = typer.Option(None, "--max-length", help="Max tokens per example for SFT, DPO and KTO."),
+    max_completion_length: int | None = typer.Option(None, "--max-completion-length", help="Max tokens per GRPO completion."),
+    beta: float | None = typer.Option(None, "--beta", help="KL coefficient (GRPO default 0.04; DPO/KTO default 0.1)."),
+    lora: bool | None = typer.Option(None, "--lora/--no-lora", help="Train a LoRA adapter (default) or every weight."),
+    lora_r: int | None = typer.Option(None, "--lora-r", help="LoRA rank (default 16)."),
+    lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha (default 32)."),
+    load_in_4bit: bool | None = typer.Option(None, "--4bit/--no-4bit", help="QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there)."),
+    gradient_checkpointing: bool | None = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on for GPUs, off on CPU."),
+    rewards: str | None = typer.Option(None, "--rewards", help="GRPO: comma-separated flowrl rewards to train on (default: the engine's)."),
+    reward_config: Path | None = typer.Option(None, "--reward-config", help="GRPO: the reward engine's TOML/YAML config."),
+    report_to: str | None = typer.Option(None, "--report-to", help="tensorboard, wandb, trackio (comma-separated)."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed (default 42)."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show the progress bar."),
+    trl: list[str] | None = typer.Option(None, "--trl", help="KEY=VALUE set on TRL's config class as is (repeatable)."),
+) -> None:
+    """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO)."""
+    _quiet_known_warnings()
+    from flowrl.train.config import TrainingConfig, load_config_file
+    from flowrl.train.hardware import detect_hardware
+    from flowrl.train.pipeline import TrainingPipeline
+
+    lora_over = {k: v for k, v in (("enabled", lora), ("r", lora_r), ("alpha", lora_alpha)) if v is not None}
+    flags: dict[str, Any] = dict(
+        method=method, dataset=dataset, base_model=base_model, output_dir=output_dir, max_steps=max_steps,
+        num_train_epochs=epochs, save_steps=save_steps, resume=resume_from if resume_from is not None else resume,
+        overwrite=overwrite, merge=merge, learning_rate=learning_rate, per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum, num_generations=num_generations, precision=precision,
+        max_length=max_length, max_completion_length=max_completion_length, beta=beta,
+        lora=lora_over or None, load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing,
+        rewards=_csv(rewards), reward_config=reward_config, report_to=report_to, seed=seed, progress_bar=progress,
+        trl_args=_trl_args(trl),
+    )
+    base = load_config_file(config) if config is not None else {}
+    if not (method or base.get("method")) or not (dataset or base.get("dataset")):
+        raise ConfigError("give --method and --dataset (or a --config file that sets them)")
+    cfg = TrainingConfig.from_dict(base, **flags)
+    hardware = detect_hardware()
+    console.print(f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {cfg.dataset} ({hardware.describe()})",
+                  highlight=False)
+    result = TrainingPipeline(cfg, hardware=hardware).run()
+
+    status = "interrupted: saved at" if result.interrupted else "done:"
+    sps = result.seconds_per_step
+    console.print(f"{status} step {result.global_step} in {result.train_seconds:.1f} s"
+                  + (f" ({sps:.2f} s/step)" if sps else "") + f", profile {result.settings['profile']}", highlight=False)
+    metrics = {k: v for k, v in result.last_metrics.items() if k not in ("step", "epoch", "time", "elapsed_s")}
+    if metrics:
+        console.print("last step: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                for k, v in metrics.items()), highlight=False)
+    out = result.output_dir
+    console.print(f"adapter and tokenizer: {out}; metrics: {out / 'metrics.jsonl'}; card: {out / 'README.md'}",
+                  highlight=False)
+    if result.merged_dir:
+        console.print(f"merged model: {result.merged_dir}", highlight=False)
+    console.print(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def eval_cmd(
+    model: str = typer.Option(..., "--model", help="Trained output folder (adapter), merged model folder, Hub id or smollm2-135m."),
+    prompts: Path = typer.Option(..., "--prompts", help="A flowrl dataset folder (its validation split) or a JSONL of {prompt} rows."),
+    baseline: str | None = typer.Option(None, "--baseline", help="Model to compare with (default: the base the model was trained from; `none` for no baseline)."),
+    out: Path | None = typer.Option(None, "--out", help="Folder for eval_report.json and .png (default: the model folder, else ./eval)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
+    limit: int | None = typer.Option(None, "--limit", help="Evaluate at most this many prompts."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
+    rewards: str | None = typer.Option(None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."),
+    reward_config: Path | None = typer.Option(None, "--reward-config", help="The reward engine's TOML/YAML config."),
+) -> None:
+    """Answer held-out prompts with a model and a baseline, score both with flowrl's rewards, compare."""
+    _quiet_known_warnings()
+    from flowrl.train.eval import REPORT_JSON, REPORT_PNG, evaluate
+
+    if out is None:
+        out = Path(model) if Path(model).expanduser().is_dir() else Path("eval")
+    report = evaluate(
+        model, prompts, baseline="" if (baseline or "").lower() == "none" else baseline, out_dir=out,
+        max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, reward_config=reward_config,
+        rewards=_csv(rewards),
+    )
+    table = Table(title=f"{report.n_prompts} prompts from {report.prompts_source}"
+                        + (f" ({report.split} split)" if report.split else ""))
+    table.add_column("reward")
+    if report.baseline:
+        table.add_column(f"baseline: {report.baseline}", justify="right")
+    table.add_column(f"model: {report.model}", justify="right")
+    if report.baseline:
+        table.add_column("change", justify="right")
+    rows = [*report.per_reward.items(), ("combined", report.combined)]
+    for name, entry in rows:
+        cells = [name]
+        if report.baseline:
+            cells.append(_fmt(entry.get("baseline")))
+        cells.append(_fmt(entry.get("model")))
+        if report.baseline:
+            b, m = entry.get("baseline"), entry.get("model")
+            cells.append("" if b is None or m is None else f"{m - b:+.3f}")
+        table.add_row(*cells)
+    console.print(table)
+    console.print(f"report: {out / REPORT_JSON}; plot: {out / REPORT_PNG} ({report.seconds:.0f} s)", highlight=False)
+    if report.split == "train":
+        err_console.print("note: the dataset has no validation split; these are training prompts", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+    app.command("eval")(eval_cmd)

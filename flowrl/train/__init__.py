@@ -1,0 +1,41 @@
+"""Training: config, hardware profiles, model resolution, thin adapters onto TRL, evaluation.
+
+Importing this package is light (pydantic only); torch, transformers, TRL and PEFT load when a run starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, str] = {
+    "TrainingConfig": "flowrl.train.config",
+    "LoraSettings": "flowrl.train.config",
+    "detect_hardware": "flowrl.train.hardware",
+    "choose_profile": "flowrl.train.hardware",
+    "resolve_settings": "flowrl.train.hardware",
+    "HardwareInfo": "flowrl.train.hardware",
+    "accelerate_config": "flowrl.train.hardware",
+    "resolve_model": "flowrl.train.models",
+    "ensure_default_model": "flowrl.train.models",
+    "RLTrainer": "flowrl.train.pipeline",
+    "TrainingPipeline": "flowrl.train.pipeline",
+    "TrainResult": "flowrl.train.pipeline",
+    "evaluate": "flowrl.train.eval",
+    "EvalReport": "flowrl.train.eval",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowrl.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,201 @@
+"""`TrainingConfig`: what one training run should do, from a file (YAML, TOML, JSON) or from flags.
+
+Every knob a hardware profile can choose (batch size, accumulation, generations per prompt, precision,
+lengths, gradient checkpointing, QLoRA) is optional here: `None` means "let the profile pick" and any
+value set in the file or on the command line wins. Anything TRL has that flowrl does not name goes
+through `trl_args`, which is applied last onto TRL's own config class.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flowrl.errors import ConfigError
+
+Method = Literal["grpo", "grpo-offline", "kto", "sft", "dpo"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+METHODS: tuple[str, ...] = ("grpo", "grpo-offline", "kto", "sft", "dpo")
+DEFAULT_BASE_MODEL = "smollm2-135m"
+
+# Learning rates for LoRA adapters (full fine-tuning wants ten times less): TRL's own defaults (1e-6) are for
+# full-weight updates and barely move a rank-16 adapter in a short run.
+DEFAULT_LEARNING_RATES: dict[str, float] = {
+    "grpo": 1e-5,
+    "grpo-offline": 1e-5,
+    "kto": 5e-5,
+    "dpo": 5e-5,
+    "sft": 2e-4,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoraSettings(_Strict):
+    """PEFT LoRA. `enabled: false` trains every weight instead (full fine-tuning)."""
+
+    enabled: bool = True
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: str | list[str] = "all-linear"
+
+
+class TrainingConfig(_Strict):
+    """One training run. Paths are kept as given; `None` fields are filled from the hardware profile."""
+
+    method: Method
+    dataset: Path
+    base_model: str = DEFAULT_BASE_MODEL
+    output_dir: Path | None = None
+
+    # length of the run and checkpoints
+    max_steps: int = -1
+    num_train_epochs: float = 1.0
+    save_steps: int = Field(50, ge=1)
+    save_total_limit: int | None = 3
+    logging_steps: int = Field(1, ge=1)
+    resume: bool | Path = False
+    overwrite: bool = False
+    seed: int = 42
+
+    # optimisation
+    learning_rate: float | None = None
+    warmup_steps: int = 0
+    lr_scheduler_type: str = "linear"
+    beta: float | None = None
+
+    # chosen by the hardware profile unless set
+    per_device_train_batch_size: int | None = Field(None, ge=1)
+    gradient_accumulation_steps: int | None = Field(None, ge=1)
+    num_generations: int | None = Field(None, ge=2)
+    precision: Precision = "auto"
+    gradient_checkpointing: bool | None = None
+    load_in_4bit: bool | None = None
+    max_length: int | None = Field(None, ge=8)
+    max_completion_length: int | None = Field(None, ge=1)
+
+    # GRPO online: flowrl's rewards (all of the engine's by default), from a reward config file if given
+    reward_config: Path | None = None
+    rewards: list[str] | None = None
+    reward_weights: list[float] | None = None
+    temperature: float = 1.0
+
+    # KTO: None reads the weights flowrl's dataset builder wrote into flowrl_dataset.json
+    desirable_weight: float | None = None
+    undesirable_weight: float | None = None
+
+    # SFT: loss on assistant turns only (needs a template with generation markers; flowrl's default model has one)
+    assistant_only_loss: bool | None = None
+
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    merge: bool = False
+    report_to: list[str] = Field(default_factory=list)
+    progress_bar: bool = True
+    trl_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _split_report_to(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]
+        return value
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method_alias(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower().replace("_", "-")
+            return {"grpo-online": "grpo", "offline-grpo": "grpo-offline"}.get(value, value)
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingConfig:
+        if self.reward_weights is not None and self.rewards is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} values for {len(self.rewards)} rewards")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError("max_steps must be a positive number of steps (or -1: run num_train_epochs)")
+        return self
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def resolved_output_dir(self) -> Path:
+        return self.output_dir if self.output_dir is not None else Path("out") / f"train-{self.method}"
+
+    @property
+    def resolved_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        rate = DEFAULT_LEARNING_RATES[self.method]
+        return rate if self.lora.enabled else rate / 10
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_file(cls, path: Path | str, **overrides: Any) -> TrainingConfig:
+        """Read a YAML, TOML or JSON file; `overrides` (flags) that are not None win over the file."""
+        return cls.from_dict(load_config_file(path), **overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> TrainingConfig:
+        merged = dict(data)
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key == "lora" and isinstance(value, dict):
+                merged["lora"] = {**(merged.get("lora") or {}), **value}
+            elif key == "trl_args" and isinstance(value, dict):
+                merged["trl_args"] = {**(merged.get("trl_args") or {}), **value}
+            else:
+                merged[key] = value
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid training config: {_one_line(exc)}") from exc
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def load_config_file(path: Path | str) -> dict[str, Any]:
+    """A training config file as a dict. The format is chosen by the suffix (.yaml/.yml, .toml, .json)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist: pass --config with a YAML, TOML or JSON file")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {p}: unknown format {suffix!r}; use .yaml, .toml or .json")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config file {p} cannot be parsed: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of option names to values")
+    # `train:` as the top-level key is accepted too, so one file can hold several sections
+    if set(data) == {"train"} and isinstance(data["train"], dict):
+        data = data["train"]
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)

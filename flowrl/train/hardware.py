@@ -1,0 +1,242 @@
+"""What the machine has, and the training profile that fits it.
+
+`detect_hardware()` looks at torch (CUDA, MPS), bitsandbytes and the process count set by
+`accelerate launch` / `torchrun` (`WORLD_SIZE`). `choose_profile()` turns that into batch size,
+gradient accumulation, generations per prompt, precision, lengths, gradient checkpointing and QLoRA:
+
+| profile | when | batch/device | accumulation | generations | precision | checkpointing |
+|---|---|---|---|---|---|---|
+| `cpu` | no GPU | 4 | 1 | 4 | fp32 | off |
+| `single-gpu` | one process on a GPU | 2 to 8 by memory | 4 | 8 | bf16, else fp16 | on |
+| `multi-gpu` | several processes (`accelerate launch`) | 2 to 8 by memory | 2 | 8 | bf16, else fp16 | on |
+
+Any value set in `TrainingConfig` wins over the profile.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from flowrl.errors import require
+
+log = logging.getLogger(__name__)
+
+ProfileName = Literal["cpu", "single-gpu", "multi-gpu"]
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    accelerator: Literal["cpu", "cuda", "mps"]
+    gpu_count: int = 0
+    gpu_names: tuple[str, ...] = ()
+    gpu_memory_gb: tuple[float, ...] = ()
+    bf16: bool = False
+    fp16: bool = False
+    bitsandbytes: bool = False
+    cpu_count: int = 1
+    world_size: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.accelerator == "cpu":
+            return f"CPU only ({self.cpu_count} cores)"
+        if self.accelerator == "mps":
+            return "Apple MPS"
+        names = ", ".join(sorted(set(self.gpu_names))) or "GPU"
+        mem = f", {min(self.gpu_memory_gb):.0f} GiB each" if self.gpu_memory_gb else ""
+        procs = f", {self.world_size} processes" if self.world_size > 1 else ""
+        return f"{self.gpu_count} x {names}{mem}{procs}"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: ProfileName
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    num_generations: int
+    precision: Literal["fp32", "bf16", "fp16"]
+    gradient_checkpointing: bool
+    use_cpu: bool
+    load_in_4bit: bool
+    max_length: int
+    max_completion_length: int
+    world_size: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def detect_hardware() -> HardwareInfo:
+    """Look at the machine this process runs on. Needs torch (the `train` extra)."""
+    torch = require("torch")
+    cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    bnb = importlib.util.find_spec("bitsandbytes") is not None
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        names, mems = [], []
+        for i in range(count):
+            props = torch.cuda.get_device_properties(i)
+            names.append(props.name)
+            mems.append(round(props.total_memory / 2**30, 1))
+        return HardwareInfo(
+            accelerator="cuda",
+            gpu_count=count,
+            gpu_names=tuple(names),
+            gpu_memory_gb=tuple(mems),
+            bf16=bool(torch.cuda.is_bf16_supported()),
+            fp16=True,
+            bitsandbytes=bnb,
+            cpu_count=cpu_count,
+            world_size=world_size,
+        )
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return HardwareInfo(accelerator="mps", cpu_count=cpu_count, world_size=world_size)
+    return HardwareInfo(accelerator="cpu", cpu_count=cpu_count, world_size=world_size)
+
+
+def _largest_divisor(total: int, at_most: int) -> int:
+    """The largest d <= at_most with total % d == 0 and d >= 2 (GRPO needs two completions per group)."""
+    for d in range(min(at_most, total), 1, -1):
+        if total % d == 0:
+            return d
+    return 2
+
+
+def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
+    """The defaults for this machine. `lora` matters for QLoRA (4-bit loading is for adapters only)."""
+    if hw.accelerator != "cuda":
+        # CPU (and MPS, where mixed precision is unreliable): small and fp32. GRPO generates 4 completions of one
+        # prompt per step; KTO gets the batch of more than one it needs for its KL estimate.
+        return HardwareProfile(
+            name="cpu",
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            num_generations=4,
+            precision="fp32",
+            gradient_checkpointing=False,
+            use_cpu=hw.accelerator == "cpu",
+            load_in_4bit=False,
+            max_length=512,
+            max_completion_length=96,
+            world_size=1,
+        )
+    memory = min(hw.gpu_memory_gb) if hw.gpu_memory_gb else 16.0
+    batch = 8 if memory >= 40 else 4 if memory >= 16 else 2
+    multi = hw.world_size > 1
+    accumulation = 2 if multi else 4
+    notes = []
+    if not multi and hw.gpu_count > 1:
+        notes.append(f"{hw.gpu_count} GPUs are visible but this is one process: use `accelerate launch` to use them all")
+    return HardwareProfile(
+        name="multi-gpu" if multi else "single-gpu",
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        num_generations=_largest_divisor(batch * hw.world_size * accumulation, 8),
+        precision="bf16" if hw.bf16 else "fp16",
+        gradient_checkpointing=True,
+        use_cpu=False,
+        load_in_4bit=lora and hw.bitsandbytes,
+        max_length=2048 if memory >= 40 else 1024,
+        max_completion_length=512 if memory >= 40 else 256,
+        world_size=hw.world_size,
+        notes=notes,
+    )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The profile with the config's own values laid over it: what the run really uses."""
+
+    profile: ProfileName
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    num_generations: int
+    precision: Literal["fp32", "bf16", "fp16"]
+    gradient_checkpointing: bool
+    use_cpu: bool
+    load_in_4bit: bool
+    max_length: int
+    max_completion_length: int
+    world_size: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | None = None) -> RunSettings:
+    """Lay a `TrainingConfig` over the profile for `hw`, checking what TRL would refuse later."""
+    from flowrl.errors import ConfigError
+
+    prof = profile or choose_profile(hw, lora=config.lora.enabled)
+    notes = list(prof.notes)
+    batch = config.per_device_train_batch_size or prof.per_device_train_batch_size
+    accumulation = config.gradient_accumulation_steps or prof.gradient_accumulation_steps
+    world = max(1, hw.world_size)
+
+    precision = prof.precision if config.precision == "auto" else config.precision
+    if hw.accelerator == "cpu" and precision == "fp16":
+        raise ConfigError("precision fp16 needs a GPU: use fp32 (or bf16) on CPU")
+    if hw.accelerator == "cuda" and precision == "bf16" and not hw.bf16:
+        raise ConfigError(f"this GPU ({hw.describe()}) has no bf16: use --precision fp16 or fp32")
+
+    load_in_4bit = prof.load_in_4bit if config.load_in_4bit is None else config.load_in_4bit
+    if load_in_4bit and not config.lora.enabled:
+        raise ConfigError("4-bit loading (QLoRA) trains an adapter: it needs LoRA enabled")
+    if load_in_4bit and not (hw.accelerator == "cuda" and hw.bitsandbytes):
+        raise ConfigError("4-bit loading (QLoRA) needs a CUDA GPU and bitsandbytes: `pip install bitsandbytes`, or drop it")
+
+    generations = config.num_generations or prof.num_generations
+    if config.method == "grpo" or config.method == "grpo-offline":
+        if config.num_generations is None:
+            generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
+        elif (batch * world * accumulation) % generations:
+            if config.per_device_train_batch_size is not None:
+                raise ConfigError(
+                    f"num_generations {generations} must divide the generation batch "
+                    f"(batch {batch} x {world} processes x accumulation {accumulation} = {batch * world * accumulation}): "
+                    "change --batch-size or --num-generations"
+                )
+            batch = next(b for b in range(batch, batch * generations + 1) if (b * world * accumulation) % generations == 0)
+            notes.append(f"batch size raised to {batch} so that groups of {generations} completions fit")
+    if config.method == "kto" and batch * world < 2:
+        raise ConfigError("KTO needs a batch of at least 2 (its KL estimate uses the other rows): raise --batch-size")
+
+    return RunSettings(
+        profile=prof.name,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        num_generations=generations,
+        precision=precision,
+        gradient_checkpointing=prof.gradient_checkpointing if config.gradient_checkpointing is None else config.gradient_checkpointing,
+        use_cpu=prof.use_cpu,
+        load_in_4bit=load_in_4bit,
+        max_length=config.max_length or prof.max_length,
+        max_completion_length=config.max_completion_length or prof.max_completion_length,
+        world_size=world,
+        notes=tuple(notes),
+    )
+
+
+ACCELERATE_CONFIGS = {"ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "deepspeed-zero2": "deepspeed_zero2.yaml"}
+
+
+def accelerate_config(kind: str = "ddp") -> str:
+    """Path of an `accelerate launch --config_file` shipped with flowrl: `ddp`, `fsdp` or `deepspeed-zero2`."""
+    from pathlib import Path
+
+    from flowrl.errors import ConfigError
+
+    name = ACCELERATE_CONFIGS.get(kind.lower().replace("_", "-"))
+    if name is None:
+        raise ConfigError(f"no accelerate config {kind!r}: use one of {', '.join(ACCELERATE_CONFIGS)}")
+    return str(Path(__file__).parent / "accelerate_configs" / name)

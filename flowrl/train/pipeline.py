@@ -1,0 +1,227 @@
+"""`RLTrainer` (one TRL run: build, train, save) and `TrainingPipeline` (dataset folder to adapter, card, merge).
+
+Output folder (`--output-dir`, default `out/train-{method}`):
+- `adapter_model.safetensors`, `adapter_config.json`, tokenizer files: the trained LoRA adapter (or the whole
+  model with LoRA off);
+- `checkpoint-N/`: every `save_steps` steps and at the end (a Ctrl-C saves one too); `--resume` continues the
+  last one;
+- `metrics.jsonl`: one line per logging step (see `flowrl.train.callbacks`);
+- `README.md`: the training card; `flowrl_train.json`: the resolved config, hardware, settings and results;
+- `merged/`: base + adapter as one model, with `--merge`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrl import __version__
+from flowrl.errors import ConfigError, TrainingError
+from flowrl.train.config import TrainingConfig
+from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
+from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
+from flowrl.train.models import ResolvedModel, merge_adapter, resolve_model
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "flowrl_train.json"
+METRICS_FILE = "metrics.jsonl"
+# what `overwrite` removes from an output folder (never anything else)
+RUN_OUTPUTS = ("metrics.jsonl", "README.md", RUN_FILE, "adapter_model.safetensors", "adapter_config.json",
+               "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "chat_template.jinja", "special_tokens_map.json", "training_args.bin", "merged", "runs")
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    method: str
+    model: str
+    global_step: int
+    start_step: int
+    interrupted: bool
+    train_seconds: float
+    step_seconds: list[float] = field(default_factory=list)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    merged_dir: Path | None = None
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """Median seconds per optimizer step, leaving out the first (warm-up) when there are more."""
+        times = self.step_seconds[1:] if len(self.step_seconds) > 1 else self.step_seconds
+        return statistics.median(times) if times else None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["output_dir"] = str(self.output_dir)
+        data["merged_dir"] = None if self.merged_dir is None else str(self.merged_dir)
+        data["seconds_per_step"] = self.seconds_per_step
+        return data
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    ckpts = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
+
+
+def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
+    """Check the output folder against --resume/--overwrite; returns it and the checkpoint to resume from."""
+    out = config.resolved_output_dir
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output-dir {out} is a file: give a folder")
+    found = last_checkpoint(out) if out.is_dir() else None
+    if config.resume:
+        if isinstance(config.resume, Path):
+            if not (config.resume / "trainer_state.json").is_file():
+                raise ConfigError(f"--resume {config.resume} is not a checkpoint folder (no trainer_state.json)")
+            return out, str(config.resume)
+        if found is None:
+            raise ConfigError(f"--resume: {out} holds no checkpoint-N folder to continue: train without --resume first")
+        return out, str(found)
+    if found is not None or (out / METRICS_FILE).exists():
+        if not config.overwrite:
+            raise ConfigError(
+                f"{out} already holds a run ({found.name if found else METRICS_FILE}): pass --resume to continue it, "
+                "--overwrite to start over, or another --output-dir"
+            )
+        for ckpt in out.glob("checkpoint-*"):
+            shutil.rmtree(ckpt)
+        for name in RUN_OUTPUTS:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out, None
+
+
+class RLTrainer:
+    """One training run on TRL. `train()` builds the TRL trainer, trains, and saves adapter and tokenizer."""
+
+    def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
+                 data: LoadedData | None = None, model: ResolvedModel | None = None,
+                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None):
+        self.reward_funcs = reward_funcs
+        self.hardware = hardware or detect_hardware()
+        self.data = data if data is not None else load_dataset_dir(config.dataset)
+        check_for_method(self.data, config.method)
+        self.config = self._with_group_size(config)
+        self.settings: RunSettings = resolve_settings(self.config, self.hardware)
+        self.model = model or resolve_model(config.base_model)
+        if self.model.adapter:
+            raise ConfigError(f"--base-model {config.base_model} is an adapter: pass its merged model or its base model")
+        self.extra_callbacks = list(callbacks or [])
+        self.trainer: Any = None
+        self.info: dict[str, Any] = {}
+
+    def _with_group_size(self, config: TrainingConfig) -> TrainingConfig:
+        """Offline GRPO: generations per prompt default to the logged group size (capped by the profile)."""
+        if config.method != "grpo-offline" or config.num_generations is not None:
+            return config
+        from flowrl.train.offline_grpo import COMPLETION_COLUMNS, find_column, group_size
+
+        column = find_column(self.data.columns, COMPLETION_COLUMNS, "logged completions")
+        size = group_size(self.data.train.select_columns([column]).to_list(), column)
+        cap = choose_profile(self.hardware, lora=config.lora.enabled).num_generations
+        return config.model_copy(update={"num_generations": max(2, min(size, cap))})
+
+    def build(self, output_dir: Path) -> Any:
+        from flowrl.train.callbacks import GracefulInterrupt, MetricsLogger, StepTimer
+        from flowrl.train.trainers import build_trl_trainer
+
+        self.metrics = MetricsLogger(output_dir / METRICS_FILE)
+        self.interrupt = GracefulInterrupt()
+        self.timer = StepTimer()
+        callbacks = [self.metrics, self.interrupt, self.timer, *self.extra_callbacks]
+        self.trainer, self.info = build_trl_trainer(self.config, self.settings, self.model.path, self.data,
+                                                    output_dir, callbacks, reward_funcs=self.reward_funcs)
+        return self.trainer
+
+    def train(self) -> TrainResult:
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():  # under `accelerate launch`, rank 0 tidies the folder first
+            output_dir, resume_from = prepare_output_dir(self.config)
+        for note in self.settings.notes:
+            log.warning("flowrl: %s", note)
+        trainer = self.build(output_dir)
+        start_step = 0
+        if resume_from:
+            start_step = int(json.loads((Path(resume_from) / "trainer_state.json").read_text()).get("global_step", 0))
+        started = time.perf_counter()
+        self.interrupt.install()
+        try:
+            output = trainer.train(resume_from_checkpoint=resume_from)
+        except ValueError as exc:
+            if resume_from and "checkpoint" in str(exc).lower():
+                raise TrainingError(f"cannot resume from {resume_from}: {exc}") from exc
+            raise
+        finally:
+            self.interrupt.uninstall()
+            self.metrics.close()
+        seconds = time.perf_counter() - started
+        trainer.save_model(str(output_dir))
+        rows = [r for r in self.metrics.rows if not r.get("summary")]
+        summary = next((r for r in reversed(self.metrics.rows) if r.get("summary")), {})
+        return TrainResult(
+            output_dir=output_dir,
+            method=self.config.method,
+            model=self.model.spec,
+            global_step=int(trainer.state.global_step),
+            start_step=start_step,
+            interrupted=self.interrupt.requested,
+            train_seconds=round(seconds, 3),
+            step_seconds=[round(s, 4) for s in self.timer.durations],
+            last_metrics={k: v for k, v in (rows[-1] if rows else {}).items() if k != "trl"},
+            summary=dict(summary.get("trl") or {}) or dict(getattr(output, "metrics", {}) or {}),
+            settings=self.settings.to_dict(),
+            hardware=self.hardware.to_dict(),
+            info=self.info,
+        )
+
+
+class TrainingPipeline:
+    """Dataset folder -> trained adapter (+ merged model on request) + training card + run record."""
+
+    def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
+                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None):
+        self.config = config
+        self.hardware = hardware
+        self.callbacks = callbacks
+        self.reward_funcs = reward_funcs
+
+    def run(self) -> TrainResult:
+        from flowrl.train.card import render_training_card
+
+        trainer = RLTrainer(self.config, hardware=self.hardware, callbacks=self.callbacks,
+                            reward_funcs=self.reward_funcs)
+        result = trainer.train()
+        if not trainer.trainer.is_world_process_zero():  # other ranks of `accelerate launch`: rank 0 writes
+            return result
+        out = result.output_dir
+        if self.config.merge and not result.interrupted:
+            if self.config.lora.enabled:
+                result.merged_dir = merge_adapter(out, out / "merged")
+            else:
+                log.warning("flowrl: --merge has nothing to do without LoRA: %s already holds the whole model", out)
+        record = {
+            "flowrl_version": __version__,
+            "config": trainer.config.to_json_dict(),
+            "base_model": {"spec": trainer.model.spec, "path": trainer.model.path},
+            "dataset": {"source": trainer.data.source, "rows": len(trainer.data.train), "meta": trainer.data.meta},
+            "result": result.to_json_dict(),
+        }
+        (out / RUN_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+        (out / "README.md").write_text(render_training_card(record, trainer.metrics.rows), encoding="utf-8")
+        return result

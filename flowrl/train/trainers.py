@@ -1,0 +1,230 @@
+"""Thin adapters onto TRL: a `TrainingConfig` plus the machine's profile become TRL's own config and trainer.
+
+flowrl writes no training loop. For each method it fills TRL's config class (`GRPOConfig`, `KTOConfig`,
+`DPOConfig`, `SFTConfig`), a PEFT `LoraConfig` (rank 16, alpha 32, all linear layers by default), a
+bitsandbytes 4-bit config for QLoRA where chosen, and hands the model path to TRL's trainer, which loads
+it. `trl_args` in the config is applied last, onto TRL's config, for anything flowrl does not name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import ConfigError, require
+from flowrl.train.config import TrainingConfig
+from flowrl.train.data_io import LoadedData
+from flowrl.train.hardware import RunSettings
+
+log = logging.getLogger(__name__)
+
+TRL_CLASSES: dict[str, tuple[str, str]] = {
+    "grpo": ("GRPOConfig", "GRPOTrainer"),
+    "grpo-offline": ("GRPOConfig", "GRPOTrainer"),
+    "kto": ("KTOConfig", "KTOTrainer"),
+    "dpo": ("DPOConfig", "DPOTrainer"),
+    "sft": ("SFTConfig", "SFTTrainer"),
+}
+# GRPO's KL coefficient when the config does not set one: TRL 1.16 defaults to 0 (no reference pass, no KL
+# in the logs); flowrl keeps the DeepSeekMath value so the KL to the base model is both used and reported.
+DEFAULT_GRPO_BETA = 0.04
+REPORTERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
+
+
+def trl_classes(method: str) -> tuple[type, type]:
+    trl = require("trl")
+    config_name, trainer_name = TRL_CLASSES[method]
+    return getattr(trl, config_name), getattr(trl, trainer_name)
+
+
+def lora_config(config: TrainingConfig) -> Any | None:
+    if not config.lora.enabled:
+        return None
+    peft = require("peft")
+    return peft.LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def quantization_config(settings: RunSettings) -> Any | None:
+    """4-bit NF4 with double quantization, computing in the run's precision (QLoRA)."""
+    if not settings.load_in_4bit:
+        return None
+    torch = require("torch")
+    transformers = require("transformers")
+    compute = torch.bfloat16 if settings.precision == "bf16" else torch.float16
+    return transformers.BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_quant_storage=compute,  # what FSDP needs to shard 4-bit weights; harmless on one GPU
+    )
+
+
+def model_dtype(settings: RunSettings) -> str:
+    """Weights load in bf16 for bf16 runs (and QLoRA's compute dtype); fp16 runs keep fp32 weights under autocast."""
+    if settings.precision == "bf16":
+        return "bfloat16"
+    if settings.load_in_4bit and settings.precision == "fp16":
+        return "float16"
+    return "float32"
+
+
+def check_reporters(report_to: list[str]) -> None:
+    for name in report_to:
+        module = REPORTERS.get(name)
+        if module and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"--report-to {name} needs the {module} package: `pip install {module}`")
+
+
+def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, *,
+               desirable_weight: float | None = None, undesirable_weight: float | None = None,
+               assistant_only_loss: bool = False, reward_weights: list[float] | None = None) -> Any:
+    """TRL's config object for `config.method`, filled from the config and the resolved settings."""
+    config_cls, _ = trl_classes(config.method)
+    check_reporters(config.report_to)
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        max_steps=config.max_steps,
+        num_train_epochs=config.num_train_epochs,
+        per_device_train_batch_size=settings.per_device_train_batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        learning_rate=config.resolved_learning_rate,
+        warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler_type,
+        logging_steps=config.logging_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        seed=config.seed,
+        report_to=list(config.report_to) or "none",
+        disable_tqdm=not config.progress_bar,
+        bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16",
+        use_cpu=settings.use_cpu,
+        activation_checkpointing=settings.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if settings.gradient_checkpointing else None,
+        dataloader_pin_memory=not settings.use_cpu,
+        model_init_kwargs={"dtype": model_dtype(settings)},
+    )
+    method = config.method
+    if method in ("grpo", "grpo-offline"):
+        kwargs.update(
+            num_generations=settings.num_generations,
+            max_completion_length=settings.max_completion_length,
+            temperature=config.temperature,
+            beta=DEFAULT_GRPO_BETA if config.beta is None else config.beta,
+            use_vllm=False,
+            log_completions=False,
+        )
+        if reward_weights is not None:
+            kwargs["reward_weights"] = reward_weights
+    else:
+        kwargs["max_length"] = settings.max_length
+        if config.beta is not None and method != "sft":
+            kwargs["beta"] = config.beta
+    if method == "kto":
+        kwargs.update(desirable_weight=desirable_weight or 1.0, undesirable_weight=undesirable_weight or 1.0)
+    if method == "sft":
+        kwargs.update(assistant_only_loss=assistant_only_loss, packing=False)
+
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(config.trl_args) - names)
+    if unknown:
+        raise ConfigError(f"trl_args: {config_cls.__name__} has no option {', '.join(unknown)}")
+    kwargs.update(config.trl_args)
+    try:
+        return config_cls(**kwargs)
+    except ValueError as exc:  # TRL's own checks (batch sizes, generations) explain themselves
+        raise ConfigError(f"{config_cls.__name__}: {exc}") from exc
+
+
+def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]:
+    """flowrl's rewards as TRL reward functions, with their weights (config's, else the engine's)."""
+    from flowrl.rewards.engine import RewardEngine
+
+    engine = RewardEngine.from_config(config.reward_config) if config.reward_config else RewardEngine()
+    names = config.rewards or engine.names
+    missing = [n for n in names if n not in engine.rewards]
+    if missing:
+        raise ConfigError(f"unknown reward {', '.join(missing)}: choose from {', '.join(engine.names)}")
+    funcs = [engine.rewards[n].as_reward_func() for n in names]
+    weights = config.reward_weights or [engine.weights[n] for n in names]
+    return funcs, [float(w) for w in weights]
+
+
+def template_marks_assistant_turns(model_path: str) -> bool:
+    """Whether the model's chat template has `{% generation %}` marks (what SFT's assistant-only loss needs)."""
+    transformers = require("transformers")
+    from trl.chat_template_utils import has_generation_markers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - any load problem surfaces later, in TRL, with its own message
+        return False
+    template = tok.chat_template.get("default") if isinstance(tok.chat_template, dict) else tok.chat_template
+    return bool(template) and has_generation_markers(template)
+
+
+def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path: str, data: LoadedData,
+                      output_dir: Path, callbacks: list[Any],
+                      reward_funcs: list[Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """TRL's trainer for the method, ready to `.train()`; also returns what was decided on the way.
+
+    `reward_funcs` (online GRPO) replaces flowrl's rewards with your own TRL reward functions."""
+    from flowrl.train.offline_grpo import OfflineGroups
+
+    _, trainer_cls = trl_classes(config.method)
+    info: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(model=model_path, callbacks=callbacks, peft_config=lora_config(config))
+    quant = quantization_config(settings)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    train = data.train
+    method = config.method
+    if method == "grpo":
+        if reward_funcs:
+            funcs, weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
+        else:
+            funcs, weights = online_reward_funcs(config)
+        info["rewards"] = [getattr(f, "__name__", str(f)) for f in funcs]
+        info["reward_weights"] = weights
+        args = trl_config(config, settings, output_dir, reward_weights=weights)
+        kwargs["reward_funcs"] = funcs
+    elif method == "grpo-offline":
+        groups = OfflineGroups(train.to_list(), settings.num_generations,
+                               max_completion_length=settings.max_completion_length)
+        info["offline_groups"] = groups.stats.to_dict()
+        args = trl_config(config, settings, output_dir)
+        train = groups.train_dataset()
+        kwargs.update(reward_funcs=[OfflineGroups.logged_reward], rollout_func=groups.rollout_func)
+    elif method == "kto":
+        dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
+        uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
+        info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
+        args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
+    elif method == "sft":
+        conversational = "messages" in data.columns
+        aol = config.assistant_only_loss
+        if aol is None:
+            aol = conversational and template_marks_assistant_turns(model_path)
+        info["assistant_only_loss"] = aol
+        args = trl_config(config, settings, output_dir, assistant_only_loss=aol)
+    else:
+        args = trl_config(config, settings, output_dir)
+    kwargs.update(args=args, train_dataset=train)
+    with warnings.catch_warnings():
+        # rollout_func is documented as experimental; flowrl documents what its use assumes (offline_grpo.py)
+        warnings.filterwarnings("ignore", message=".*rollout_func.*experimental.*")
+        trainer = trainer_cls(**kwargs)
+    return trainer, info
