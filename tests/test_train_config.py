@@ -86,6 +86,8 @@ def test_gpu_profiles_pick_precision_qlora_and_generations() -> None:
     assert many.name == "multi-gpu" and many.world_size == 4
     assert (many.per_device_train_batch_size * 4 * many.gradient_accumulation_steps) % many.num_generations == 0
     assert not choose_profile(ONE_GPU, lora=False).load_in_4bit
+    fp16_only_with_bnb = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(15.0,), fp16=True, bitsandbytes=True)
+    assert not choose_profile(fp16_only_with_bnb).load_in_4bit  # TRL keeps QLoRA adapters in bf16
 
 
 def test_several_visible_gpus_in_one_process_suggest_accelerate() -> None:

@@ -10,6 +10,8 @@ gradient accumulation, generations per prompt, precision, lengths, gradient chec
 | `single-gpu` | one process on a GPU | 2 to 8 by memory | 4 | 8 | bf16, else fp16 | on |
 | `multi-gpu` | several processes (`accelerate launch`) | 2 to 8 by memory | 2 | 8 | bf16, else fp16 | on |
 
+QLoRA (4-bit base) is on by default on GPUs with bf16 when bitsandbytes is installed.
+
 Any value set in `TrainingConfig` wins over the profile.
 """
 
@@ -144,7 +146,8 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
         precision="bf16" if hw.bf16 else "fp16",
         gradient_checkpointing=True,
         use_cpu=False,
-        load_in_4bit=lora and hw.bitsandbytes,
+        # QLoRA by default only where bf16 works: TRL keeps QLoRA adapters in bf16 (QLoRA paper, §3)
+        load_in_4bit=lora and hw.bitsandbytes and hw.bf16,
         max_length=2048 if memory >= 40 else 1024,
         max_completion_length=512 if memory >= 40 else 256,
         world_size=hw.world_size,

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from flowrl import __version__
-from flowrl.errors import ConfigError, TrainingError
+from flowrl.errors import ConfigError, ModelError, TrainingError
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
 from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
-from flowrl.train.models import ResolvedModel, merge_adapter, resolve_model
+from flowrl.train.models import DEFAULT_MODEL, ResolvedModel, merge_adapter, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,14 @@ class RLTrainer:
         self.interrupt = GracefulInterrupt()
         self.timer = StepTimer()
         callbacks = [self.metrics, self.interrupt, self.timer, *self.extra_callbacks]
-        self.trainer, self.info = build_trl_trainer(self.config, self.settings, self.model.path, self.data,
-                                                    output_dir, callbacks, reward_funcs=self.reward_funcs)
+        try:
+            self.trainer, self.info = build_trl_trainer(self.config, self.settings, self.model.path, self.data,
+                                                        output_dir, callbacks, reward_funcs=self.reward_funcs)
+        except OSError as exc:  # transformers' "not a local folder and the Hub cannot be reached"
+            raise ModelError(
+                f"cannot load model {self.model.path}: {str(exc).splitlines()[0]} "
+                f"(pass a local model folder, or the embedded default `{DEFAULT_MODEL}`)"
+            ) from exc
         return self.trainer
 
     def train(self) -> TrainResult:
