@@ -18,7 +18,6 @@ a second Ctrl-C interrupts at once.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
@@ -28,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 from transformers import TrainerCallback
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ class MetricsLogger(TrainerCallback):
         self.rows.append(row)
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            self._fh = self.path.open("ab")
+        self._fh.write(orjson.dumps(row, default=str, option=orjson.OPT_APPEND_NEWLINE))
         self._fh.flush()  # a crash or a kill leaves every finished line on disk
 
     def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001
