@@ -281,7 +281,7 @@ def sanity_generate(model_dir: Path, prompt: str = SANITY_PROMPT, max_new_tokens
     return tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
-# --------------------------------------------------------------------------- loading for inference, merging
+# --------------------------------------------------------------------------- loading for inference
 
 
 def load_for_inference(resolved: ResolvedModel, *, device: str | None = None, dtype: str = "auto") -> tuple[Any, Any]:
@@ -311,39 +311,3 @@ def load_for_inference(resolved: ResolvedModel, *, device: str | None = None, dt
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
-
-
-def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
-    """Base + adapter merged into one plain model folder (weights in the base model's own dtype), with the tokenizer.
-
-    The base is loaded afresh in full precision, so this is right for QLoRA runs too (never merge into 4-bit weights).
-    """
-    resolved = resolve_model(str(adapter_dir))
-    if not resolved.adapter:
-        raise ModelError(f"{adapter_dir} holds no PEFT adapter (adapter_config.json) to merge")
-    model, tokenizer = load_for_inference(resolved, device="cpu", dtype="float32")
-    merged = model.merge_and_unload()
-    base_dtype = _config_dtype(resolved.path)
-    if base_dtype is not None:
-        merged = merged.to(base_dtype)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.padding_side = "right"
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
-    return out_dir
-
-
-def _config_dtype(model_path: str) -> Any:
-    torch = require("torch")
-    transformers = require("transformers")
-    try:
-        cfg = transformers.AutoConfig.from_pretrained(model_path)
-    except OSError:
-        return None
-    value = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
-    if isinstance(value, str):
-        value = getattr(torch, value, None)
-    return value if isinstance(value, torch.dtype) else None

@@ -26,7 +26,7 @@ from flowrl.errors import ConfigError, ModelError, TrainingError
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
 from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
-from flowrl.train.models import DEFAULT_MODEL, ResolvedModel, merge_adapter, resolve_model
+from flowrl.train.models import DEFAULT_MODEL, ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,9 @@ class TrainingPipeline:
         out = result.output_dir
         if self.config.merge and not result.interrupted:
             if self.config.lora.enabled:
-                result.merged_dir = merge_adapter(out, out / "merged")
+                from flowrl.export.merge import merge_adapter  # the one merge: `flowrl export` uses it too
+
+                result.merged_dir = merge_adapter(out, out / "merged").path
             else:
                 log.warning("flowrl: --merge has nothing to do without LoRA: %s already holds the whole model", out)
         record = {
