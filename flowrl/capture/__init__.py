@@ -1,0 +1,15 @@
+"""Live capture: `hook_into_agent(agent)` records every run of an agent as one trace.
+
+See docs/capture.md. The pieces: `hook.py` (the entry point and the `Hook` handle), `flowagent.py`
+and `generic.py` (adapters: map a framework's calls onto the trace model), `recorder.py` (per-run
+state in a context variable; the hot path), `collector.py` (`TraceCollector`: bounded queue, the writer
+thread and its I/O threads), `assemble.py` (record -> trace) and `masking.py` (secrets out), both on
+the writer thread, `_patch.py` (class patches with an instance filter).
+"""
+
+from __future__ import annotations
+
+from flowrl.capture.collector import CaptureStats, TraceCollector
+from flowrl.capture.hook import Hook, hook_into_agent
+
+__all__ = ["CaptureStats", "Hook", "TraceCollector", "hook_into_agent"]

@@ -1,0 +1,126 @@
+"""Masking a trace before it is written (on the writer thread).
+
+Only what can hold user content is masked: ids, names, roles, timings and the schema's own enums are
+kept as they are, so a failing user mask (which masks a value whole) still leaves a valid trace.
+A trace repeats its strings (tool results in tool_calls and messages, the query in messages and
+tasks), so each distinct string is masked once per trace; a string that holds none of the patterns'
+trigger substrings is left alone without running the patterns (when there is no user mask and it is
+not too long to keep whole: then the Redactor would return it unchanged anyway).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flowrl.redact import PATTERNS, SECRET_KEY_RE
+
+
+def _triggers(case_insensitive: bool) -> re.Pattern[str] | None:
+    words = sorted({re.escape(p) for pat in PATTERNS if pat.case_insensitive_prefilter == case_insensitive
+                    for p in pat.prefilters})
+    return re.compile("|".join(words), re.IGNORECASE if case_insensitive else 0) if words else None
+
+
+_TRIGGERS = tuple(t for t in (_triggers(False), _triggers(True)) if t is not None)
+
+
+class _Masker:
+    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct string once."""
+
+    def __init__(self, redactor: Any) -> None:
+        self.redactor = redactor
+        self.cache: dict[str, str] = {}
+        self.fast = getattr(redactor, "mask", None) is None
+        self.limit = getattr(redactor, "max_chars", None)
+
+    def text(self, value: str) -> str:
+        done = self.cache.get(value)
+        if done is None:
+            if (self.fast and (self.limit is None or len(value) <= self.limit)
+                    and not any(t.search(value) for t in _TRIGGERS)):
+                done = value
+            else:
+                done = self.redactor.redact_text(value)
+            self.cache[value] = done
+        return done
+
+    def redact(self, value: Any, key: str | None = None) -> Any:
+        if isinstance(value, str):
+            if key is not None and SECRET_KEY_RE.match(key):
+                return self.redactor.redact(value, key=key)  # masked whole by its key's name
+            return self.text(value)
+        if isinstance(value, dict):
+            return {k: self.redact(v, k if isinstance(k, str) else None) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.redact(v) for v in value]
+        return value
+
+
+def _mask_call(redactor: Any, call: Any) -> Any:
+    if not isinstance(call, dict):
+        return redactor.redact(call)
+    out = dict(call)
+    fn = out.get("function")
+    if isinstance(fn, dict):
+        out["function"] = {**fn, "arguments": redactor.redact(fn.get("arguments"), key="arguments")}
+    return out
+
+
+def _mask_fields(redactor: Any, item: Any, fields: tuple[str, ...]) -> Any:
+    if not isinstance(item, dict):
+        return redactor.redact(item)
+    out = dict(item)
+    for name in fields:
+        if name in out:
+            out[name] = redactor.redact(out[name], key=name)
+    return out
+
+
+def _mask_message(redactor: Any, msg: Any) -> Any:
+    if not isinstance(msg, dict):
+        return redactor.redact(msg)
+    out = {}
+    for key, value in msg.items():
+        if key in ("role", "tool_call_id", "name"):
+            out[key] = value
+        elif key == "tool_calls" and isinstance(value, list):
+            out[key] = [_mask_call(redactor, c) for c in value]
+        else:
+            out[key] = redactor.redact(value, key=key)
+    return out
+
+
+def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Mask secrets in every field of a trace dict that can hold user content (a copy)."""
+    redactor = _Masker(redactor)
+    out = dict(data)
+    for name in ("user_query", "final_response", "review_notes"):
+        if name in out:
+            out[name] = redactor.redact(out[name])
+    if out.get("messages") is not None:
+        out["messages"] = [_mask_message(redactor, m) for m in out["messages"]]
+    out["tool_calls"] = [_mask_fields(redactor, c, ("arguments", "result", "error", "function_error"))
+                         for c in out.get("tool_calls") or []]
+    out["reasoning_steps"] = [_mask_fields(redactor, s, ("content", "thought", "insights", "issues"))
+                              for s in out.get("reasoning_steps") or []]
+    llm_calls = []
+    for call in out.get("llm_calls") or []:
+        masked = _mask_fields(redactor, call, ("output", "error"))
+        if isinstance(masked, dict) and isinstance(masked.get("tool_calls"), list):
+            masked["tool_calls"] = [_mask_call(redactor, c) for c in masked["tool_calls"]]
+        llm_calls.append(masked)
+    out["llm_calls"] = llm_calls
+    for name in ("tasks_created", "tasks_completed", "tasks_failed"):
+        out[name] = [_mask_fields(redactor, t, ("description", "result", "error")) for t in out.get(name) or []]
+    tools = []
+    for tool in out.get("tools") or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict):
+            tools.append({**tool, "function": _mask_fields(redactor, fn, ("description", "parameters"))})
+        else:
+            tools.append(redactor.redact(tool))
+    out["tools"] = tools
+    if isinstance(out.get("metadata"), dict) and "error" in out["metadata"]:
+        out["metadata"] = {**out["metadata"], "error": redactor.redact(out["metadata"]["error"])}
+    return out
