@@ -10,6 +10,8 @@ Environment:
 - `FLOWRL_AUTOHOOK=1` turns it on (anything else: off).
 - `FLOWRL_AUTOHOOK_TARGETS`: comma-separated `module:Class` (default: toolboxv2's FlowAgent).
 - `FLOWRL_STORE`: the trace store folder (default: `TraceStore.default()`).
+- `FLOWRL_AUTOHOOK_RUN_METHODS`, `FLOWRL_AUTOHOOK_TOOL_METHODS`: comma-separated method names, for a
+  class that is not a FlowAgent (passed to `hook_into_agent` as `run_methods` / `tool_methods`).
 
 Start a program with it: `flowrl-instrument python app.py` (sets both variables for you), or
 `PYTHONPATH=$(python -m flowrl.autohook --path):$PYTHONPATH FLOWRL_AUTOHOOK=1 python app.py`.
@@ -52,7 +54,12 @@ def _hook_instance(agent: Any) -> None:
         from flowrl.capture import hook_into_agent
 
         store = os.environ.get("FLOWRL_STORE") or None
-        hooks.append(hook_into_agent(agent, store=store))
+        options: dict[str, Any] = {}
+        for env, key in (("FLOWRL_AUTOHOOK_RUN_METHODS", "run_methods"), ("FLOWRL_AUTOHOOK_TOOL_METHODS", "tool_methods")):
+            names = [n.strip() for n in os.environ.get(env, "").split(",") if n.strip()]
+            if names:
+                options[key] = names
+        hooks.append(hook_into_agent(agent, store=store, **options))
     except Exception:
         log.warning("flowrl autohook: could not hook %s; it runs unhooked", type(agent).__name__, exc_info=True)
 

@@ -44,3 +44,18 @@ def test_errors_are_one_line_and_exit_2(store_dir: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and err[0].startswith("flowrl: error: no trace 'missing'")
     assert main(["traces", "ls", "--since", "yesterday", "--store", str(store_dir)]) == 2
     assert "YYYY-MM-DD" in capsys.readouterr().err
+
+
+def test_exit_codes_of_commands_reach_the_shell() -> None:
+    import typer
+
+    from flowrl.cli import app
+
+    @app.command("_exit3", hidden=True)
+    def _exit3() -> None:
+        raise typer.Exit(3)
+
+    try:
+        assert main(["_exit3"]) == 3
+    finally:
+        app.registered_commands.pop()

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.train",
     "flowrl.cli.export",
     "flowrl.cli.report",
+    "flowrl.cli.demo",
 )
 
 app = typer.Typer(
@@ -55,7 +56,7 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # click returns typer.Exit's code here instead of raising
     except FlowRLError as exc:
         print(f"flowrl: error: {exc}", file=sys.stderr)
         return 2
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

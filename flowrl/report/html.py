@@ -52,15 +52,22 @@ def _delta_cell(base: Any, model: Any) -> str:
 
 def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
     per = report.get("per_reward") or {}
+    judged = {n: v for n, v in per.items() if isinstance(v, dict)
+              and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))}
+    unjudged = [n for n in per if n not in judged]
     rows = [[escape(str(name)), _fmt(v.get("baseline")), _fmt(v.get("model")), _delta_cell(v.get("baseline"), v.get("model"))]
-            for name, v in per.items() if isinstance(v, dict)]
+            for name, v in judged.items()]
     comb = report.get("combined") or {}
     if isinstance(comb, dict) and comb:
         rows.append(["<b>combined</b>", _fmt(comb.get("baseline")), _fmt(comb.get("model")),
                      _delta_cell(comb.get("baseline"), comb.get("model"))])
     title = f"{escape(str(report.get('baseline', 'base')))} → {escape(str(report.get('model', 'trained')))}"
-    return (f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} held-out prompts</p>"
-            + _table(["reward", "base", "trained", "change"], rows) + _img(chart, "eval chart"))
+    source = f" ({report['prompts_source']})" if report.get("prompts_source") else ""
+    return (f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} "
+            f"held-out prompts{escape(source)}</p>"
+            + _table(["reward", "base", "trained", "change"], rows)
+            + (f"<p class='muted'>could not judge these answers: {escape(', '.join(unjudged))}</p>" if unjudged else "")
+            + _img(chart, "eval chart"))
 
 
 def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun, str | None]],

@@ -85,7 +85,8 @@ def training_chart(run: TrainingRun, out: Path, index: int) -> str | None:
 
 def eval_chart(report: dict[str, Any], out: Path, index: int) -> str | None:
     per = report.get("per_reward") or {}
-    names = [n for n, v in per.items() if isinstance(v, dict)]
+    names = [n for n, v in per.items() if isinstance(v, dict)
+             and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))]
     if not names:
         return None
     plt = _plt()

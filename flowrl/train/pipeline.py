@@ -106,6 +106,19 @@ def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
     return out, None
 
 
+def _check_rows_left(trainer: Any, config: TrainingConfig, settings: Any) -> None:
+    """TRL silently drops rows that do not fit `max_length` (KTO, DPO) and then trains 0 steps: refuse instead."""
+    dataset = getattr(trainer, "train_dataset", None)
+    try:
+        n = len(dataset) if dataset is not None else None
+    except TypeError:  # an iterable dataset has no length
+        return
+    if n == 0:
+        raise TrainingError(
+            f"every row of {config.dataset} is longer than max_length={getattr(settings, 'max_length', '?')} tokens "
+            f"(TRL dropped them all): pass a larger --max-length, or build the dataset with a smaller --max-chars")
+
+
 class RLTrainer:
     """One training run on TRL. `train()` builds the TRL trainer, trains, and saves adapter and tokenizer."""
 
@@ -162,6 +175,7 @@ class RLTrainer:
         for note in self.settings.notes:
             log.warning("flowrl: %s", note)
         trainer = self.build(output_dir)
+        _check_rows_left(trainer, self.config, self.settings)
         start_step = 0
         if resume_from:
             start_step = int(json.loads((Path(resume_from) / "trainer_state.json").read_text()).get("global_step", 0))
@@ -177,6 +191,9 @@ class RLTrainer:
             self.interrupt.uninstall()
             self.metrics.close()
         seconds = time.perf_counter() - started
+        if int(trainer.state.global_step) <= start_step and not self.interrupt.requested:
+            raise TrainingError(f"no training step ran on {self.config.dataset}: the trainer found no batch to train on "
+                                f"(too few rows for the batch size, or every row longer than max_length); see the log above")
         trainer.save_model(str(output_dir))
         rows = [r for r in self.metrics.rows if not r.get("summary")]
         summary = next((r for r in reversed(self.metrics.rows) if r.get("summary")), {})

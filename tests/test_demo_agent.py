@@ -1,0 +1,72 @@
+"""The example agent (FlowAgent's shape, a scripted backend instead of a model) and its capture."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from flowrl.capture import hook_into_agent
+from flowrl.demo.agent import ExampleAgent, parse_tool_calls
+from flowrl.demo.tasks import TASKS, answer_matches
+from flowrl.store import TraceStore
+
+
+class ScriptedBackend:
+    model_name = "scripted"
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+        self.seen: list[list[dict[str, Any]]] = []
+
+    def complete(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
+        self.seen.append(messages)
+        return self.replies.pop(0), 10, 5
+
+
+class FakeSandbox:
+    def run(self, code: str, language: str = "python", timeout: float | None = None) -> Any:
+        from types import SimpleNamespace
+
+        value = eval(code.removeprefix("print(").removesuffix(")"), {})  # only the test's own literal code
+        return SimpleNamespace(status="ok", stdout=f"{value}\n", stderr="")
+
+
+def test_parse_tool_calls() -> None:
+    calls = parse_tool_calls('<tool_call>{"name": "lookup", "arguments": {"key": "capital of france"}}</tool_call>')
+    assert calls[0].function.name == "lookup" and '"capital of france"' in calls[0].function.arguments
+    assert parse_tool_calls("just text") == []
+    assert parse_tool_calls("<tool_call>{broken</tool_call>")[0].function.name == "invalid_tool_call"
+
+
+def test_agent_runs_tools_and_is_captured_like_a_flowagent(tmp_path: Path) -> None:
+    backend = ScriptedBackend([
+        '<tool_call>{"name": "exec_code", "arguments": {"code": "print(45 + 38)"}}</tool_call>',
+        '<tool_call>{"name": "final_answer", "arguments": {"answer": "83"}}</tool_call>',
+        '<tool_call>{"name": "lookup", "arguments": {"key": "capital of mars"}}</tool_call>',
+        "I do not know.",
+    ])
+    agent = ExampleAgent(backend, sandbox=FakeSandbox())
+    store = TraceStore(tmp_path)
+    hook = hook_into_agent(agent, store=store)
+
+    async def main() -> tuple[str, str]:
+        return (await agent.a_run("What is 45 + 38?", session_id="a"),
+                await agent.a_run("What is the capital of Mars?", session_id="b"))
+
+    first, second = asyncio.run(main())
+    assert hook.flush(timeout=10)
+    hook.unhook()
+    assert (first, second) == ("83", "I do not know.")
+    traces = {t.user_query: t for t in store.iter_traces()}
+    t1, t2 = traces["What is 45 + 38?"], traces["What is the capital of Mars?"]
+    assert [c.tool_name for c in t1.tool_calls] == ["exec_code"] and t1.tool_calls[0].success
+    assert t1.final_response == "83" and t1.status == "completed"
+    assert any(m.get("role") == "tool" for m in t1.messages)
+    assert t2.tool_calls[0].success is False  # the lookup raised: "Error executing lookup: ..."
+    assert t1.agent_name == "example_agent"
+
+
+def test_tasks_have_checkable_answers() -> None:
+    assert len({t.task_id for t in TASKS}) == len(TASKS)
+    assert answer_matches("83", "The answer is 83.") and not answer_matches("83", "830")
