@@ -169,3 +169,28 @@ def test_dataset_built_for_another_method_is_refused(tiny: Path, tmp_path: Path)
     cfg = TrainingConfig(method="dpo", dataset=data, base_model=str(tiny), output_dir=tmp_path / "o")
     with pytest.raises(ConfigError, match="built for kto"):
         TrainingPipeline(cfg, hardware=CPU).run()
+
+
+def test_gpu_settings_reach_trl_as_bf16_checkpointing_and_qlora(tmp_path: Path) -> None:
+    """The GPU path, checked without a GPU: what TRL's config and the 4-bit loader would get."""
+    from flowrl.train.hardware import resolve_settings
+    from flowrl.train.trainers import lora_config, quantization_config, trl_config_kwargs
+
+    gpu = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(80.0,), bf16=True, fp16=True,
+                       bitsandbytes=True)
+    cfg = TrainingConfig(method="grpo", dataset=tmp_path)
+    settings = resolve_settings(cfg, gpu)
+    kw = trl_config_kwargs(cfg, settings, tmp_path)
+    assert kw["bf16"] and not kw["fp16"] and not kw["use_cpu"]
+    assert kw["activation_checkpointing"] and kw["activation_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert kw["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert (kw["per_device_train_batch_size"] * kw["gradient_accumulation_steps"]) % kw["num_generations"] == 0
+    q = quantization_config(settings)
+    assert q.load_in_4bit and q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_use_double_quant
+    assert q.bnb_4bit_compute_dtype == torch.bfloat16
+    lora = lora_config(cfg)
+    assert (lora.r, lora.lora_alpha, lora.target_modules, lora.task_type) == (16, 32, "all-linear", "CAUSAL_LM")
+
+    old = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(15.0,), fp16=True)
+    kw = trl_config_kwargs(cfg, resolve_settings(cfg, old), tmp_path)
+    assert kw["fp16"] and not kw["bf16"] and kw["model_init_kwargs"] == {"dtype": "float32"}  # fp32 weights, fp16 autocast

@@ -61,13 +61,16 @@ def quantization_config(settings: RunSettings) -> Any | None:
         return None
     torch = require("torch")
     transformers = require("transformers")
-    compute = torch.bfloat16 if settings.precision == "bf16" else torch.float16
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision, torch.float32)
+    extra = {}
+    if compute is not torch.float32:
+        extra["bnb_4bit_quant_storage"] = compute  # what FSDP needs to shard 4-bit weights; harmless on one GPU
     return transformers.BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute,
-        bnb_4bit_quant_storage=compute,  # what FSDP needs to shard 4-bit weights; harmless on one GPU
+        **extra,
     )
 
 
@@ -87,12 +90,26 @@ def check_reporters(report_to: list[str]) -> None:
             raise ConfigError(f"--report-to {name} needs the {module} package: `pip install {module}`")
 
 
-def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, *,
-               desirable_weight: float | None = None, undesirable_weight: float | None = None,
-               assistant_only_loss: bool = False, reward_weights: list[float] | None = None) -> Any:
+def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, **decided: Any) -> Any:
     """TRL's config object for `config.method`, filled from the config and the resolved settings."""
     config_cls, _ = trl_classes(config.method)
     check_reporters(config.report_to)
+    kwargs = trl_config_kwargs(config, settings, output_dir, **decided)
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(config.trl_args) - names)
+    if unknown:
+        raise ConfigError(f"trl_args: {config_cls.__name__} has no option {', '.join(unknown)}")
+    kwargs.update(config.trl_args)
+    try:
+        return config_cls(**kwargs)
+    except ValueError as exc:  # TRL's own checks (batch sizes, generations) explain themselves
+        raise ConfigError(f"{config_cls.__name__}: {exc}") from exc
+
+
+def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir: Path, *,
+                      desirable_weight: float | None = None, undesirable_weight: float | None = None,
+                      assistant_only_loss: bool = False, reward_weights: list[float] | None = None) -> dict[str, Any]:
+    """The keyword arguments of TRL's config class (before `trl_args`); no TRL import, so testable anywhere."""
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
         max_steps=config.max_steps,
@@ -137,16 +154,7 @@ def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, 
         kwargs.update(desirable_weight=desirable_weight or 1.0, undesirable_weight=undesirable_weight or 1.0)
     if method == "sft":
         kwargs.update(assistant_only_loss=assistant_only_loss, packing=False)
-
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(config.trl_args) - names)
-    if unknown:
-        raise ConfigError(f"trl_args: {config_cls.__name__} has no option {', '.join(unknown)}")
-    kwargs.update(config.trl_args)
-    try:
-        return config_cls(**kwargs)
-    except ValueError as exc:  # TRL's own checks (batch sizes, generations) explain themselves
-        raise ConfigError(f"{config_cls.__name__}: {exc}") from exc
+    return kwargs
 
 
 def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]:
