@@ -193,12 +193,14 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
         subjects["baseline"] = resolve_model(baseline)
 
     per_subject: dict[str, dict[str, Any]] = {}
-    with engine:
+    with engine:  # closes every reward (sandbox workers, judge clients) at the end
+        chosen = RewardEngine({n: engine.rewards[n] for n in names}, {n: engine.weights[n] for n in names},
+                              engine.threshold)  # computes only the rewards asked for
         for role, resolved in subjects.items():
             answers = generate_answers(resolved, items, max_new_tokens=max_new_tokens, batch_size=batch_size)
-            results = engine.compute_batch([answer_trace(p, a) for p, a in zip(items, answers)])
+            results = chosen.compute_batch([answer_trace(p, a) for p, a in zip(items, answers)])
             scores = [{n: r[n].value for n in names} for r in results]
-            combined = [engine.compute_combined({n: r[n] for n in names}) for r in results]
+            combined = [chosen.compute_combined(r) for r in results]
             per_subject[role] = {"answers": answers, "scores": scores, "combined": combined}
 
     per_reward: dict[str, dict[str, Any]] = {}
