@@ -50,6 +50,12 @@ def _delta_cell(base: Any, model: Any) -> str:
     return f'<span class="{cls}">{d:+.3f}</span>'
 
 
+def _short(name: object) -> str:
+    """The last two parts of a model path ("runs/grpo"), or the name as given (a Hub id)."""
+    parts = str(name).rstrip("/").split("/")
+    return "/".join(parts[-2:]) if str(name).startswith(("/", ".", "~")) else str(name)
+
+
 def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
     per = report.get("per_reward") or {}
     judged = {n: v for n, v in per.items() if isinstance(v, dict)
@@ -61,7 +67,7 @@ def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
     if isinstance(comb, dict) and comb:
         rows.append(["<b>combined</b>", _fmt(comb.get("baseline")), _fmt(comb.get("model")),
                      _delta_cell(comb.get("baseline"), comb.get("model"))])
-    title = f"{escape(str(report.get('baseline', 'base')))} → {escape(str(report.get('model', 'trained')))}"
+    title = f"{escape(_short(report.get('baseline') or 'base'))} → {escape(_short(report.get('model') or 'trained'))}"
     source = f" ({report['prompts_source']})" if report.get("prompts_source") else ""
     return (f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} "
             f"held-out prompts{escape(source)}</p>"

@@ -127,7 +127,7 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
             gradient_checkpointing=False,
             use_cpu=hw.accelerator == "cpu",
             load_in_4bit=False,
-            max_length=512,
+            max_length=1024,  # agent rows with tool schemas and a system prompt pass 512 tokens
             max_completion_length=96,
             world_size=1,
         )
