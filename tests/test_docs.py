@@ -24,3 +24,10 @@ def test_import_flowrl_stays_light() -> None:
            "heavy = [m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets') if m in sys.modules]; print(heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_every_public_name_resolves() -> None:
+    import flowrl
+
+    for name in flowrl.__all__:
+        assert getattr(flowrl, name) is not None, name

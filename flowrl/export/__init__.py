@@ -6,8 +6,7 @@ that use them. Public names resolve on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from flowrl._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ExportError": "flowrl.export.errors",
@@ -35,14 +34,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowrl.export' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -7,9 +7,7 @@ use, so importing this package stays cheap (the sandbox and the judge load only 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from flowrl._lazy import lazy_exports
 from flowrl.rewards.base import Reward, RewardResult
 
 _LAZY: dict[str, str] = {
@@ -30,14 +28,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["RewardResult", "Reward", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowrl.rewards' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -23,6 +23,7 @@ from typing import Any
 
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.sandbox import LANGUAGES, ExecResult, Job, Sandbox
+from flowrl.rewards.views import message_tool_calls
 from flowrl.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -139,20 +140,10 @@ class CodeExecutionReward(Reward):
                 if block is not None:
                     blocks.append(block)
         else:
-            n = 0
-            for message in trace.messages:
-                if not isinstance(message, dict) or message.get("role") != "assistant":
-                    continue
-                for call in message.get("tool_calls") or []:
-                    if not isinstance(call, dict):
-                        continue
-                    fn = call.get("function") if isinstance(call.get("function"), dict) else call
-                    block = self._tool_block(
-                        str(fn.get("name") or ""), fn.get("arguments"), f"messages.tool_calls[{n}]"
-                    )
-                    n += 1
-                    if block is not None:
-                        blocks.append(block)
+            for n, (fn, _) in enumerate(message_tool_calls(trace)):
+                block = self._tool_block(str(fn.get("name") or ""), fn.get("arguments"), f"messages.tool_calls[{n}]")
+                if block is not None:
+                    blocks.append(block)
         if self.include_answer_blocks or trace.metadata.get(_COMPLETION_MARK):
             blocks.extend(fenced_blocks(trace.final_response))
         return blocks

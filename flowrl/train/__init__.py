@@ -5,8 +5,7 @@ Importing this package is light (pydantic only); torch, transformers, TRL and PE
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from flowrl._lazy import lazy_exports
 
 _LAZY: dict[str, str] = {
     "TrainingConfig": "flowrl.train.config",
@@ -28,14 +27,4 @@ _LAZY: dict[str, str] = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'flowrl.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
