@@ -136,7 +136,10 @@ class Redactor:
             except Exception:  # fail closed: the whole value goes
                 with self._lock:
                     self.stats.mask_failures += 1
-                log.warning("flowrl: the mask callback raised; the value was masked whole", exc_info=True)
+                    first = self.stats.mask_failures == 1
+                if first:  # once with the traceback; the count is in stats.mask_failures
+                    log.warning("flowrl: the mask callback raised; values it fails on are masked whole "
+                                "(further failures are only counted)", exc_info=True)
                 return MASK_FAILED
         return self._truncate(text)
 

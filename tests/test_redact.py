@@ -64,3 +64,14 @@ def test_user_mask_runs_and_a_failing_mask_fails_closed() -> None:
 def test_long_values_are_truncated_with_a_hash() -> None:
     out = Redactor(max_chars=1000).redact_text("a" * 5000)
     assert len(out) < 1100 and "truncated" in out and "sha256=" in out
+
+
+def test_a_failing_mask_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(_: str) -> str:
+        raise RuntimeError("mask bug")
+
+    r = Redactor(mask=broken)
+    with caplog.at_level("WARNING", logger="flowrl.redact"):
+        r.redact(["a", "b", "c", {"d": "e"}])
+    assert r.stats.mask_failures == 4
+    assert len([rec for rec in caplog.records if "mask callback raised" in rec.getMessage()]) == 1
