@@ -55,11 +55,13 @@ def ls(
         table.add_column(name, no_wrap=True, overflow="ellipsis", min_width=len(name), max_width=14)
     table.add_column("query", no_wrap=True, overflow="ellipsis", min_width=20, ratio=1)
     shown = total = 0
+    id_width = 12
     for t in st.iter_traces(flt):
         total += 1
         if limit and shown >= limit:
             continue
         shown += 1
+        id_width = max(id_width, len(t.trace_id))
         table.add_row(
             t.trace_id, t.timestamp[:16].replace("T", " "), t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
             "" if t.success is None else ("yes" if t.success else "no"),
@@ -67,6 +69,7 @@ def ls(
             "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if t.label_source == "manual" else ""),
             (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
         )
+    table.columns[0].min_width = id_width  # ids are typed back into `show` and `label`: never cut them
     console.print(table)
     console.print(f"{total} traces under {st.root}" + (f", {shown} shown" if shown < total else ""))
     report_problems(st)
