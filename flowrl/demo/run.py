@@ -178,8 +178,10 @@ class Demo:
 
         with RewardEngine() as engine:
             s = score_store(self.store, engine, progress=None)
+        if s.scored == 0:
+            return f"all {s.seen} traces already scored", True
         means = ", ".join(f"{n} {v.mean:.2f}" for n, v in sorted(s.rewards.items()) if v.mean is not None)
-        return f"scored {s.scored} of {s.seen} traces; labels good {s.good} / bad {s.bad}; means: {means}", s.scored == 0
+        return f"scored {s.scored} of {s.seen} traces; labels good {s.good} / bad {s.bad}; means: {means}", False
 
     def stage_build(self) -> tuple[str, bool]:
         from flowrl.data import DatasetPipeline, make_builder
