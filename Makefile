@@ -14,13 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[train,dev]'
 	touch $(STAMP)
 
-# bubblewrap isolates the code sandbox; installed from Debian's packages when we are root.
+# From Debian's packages when we are root: bubblewrap isolates the code sandbox; chromium lets the
+# report test look at the page in a real browser (that test skips without it).
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing=" bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	      || echo "warning: could not install bubblewrap; the sandbox falls back to unshare or limits alone"; \
-	  else echo "warning: bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) for full sandbox isolation"; fi; }
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install$$missing (without bubblewrap the sandbox falls back to unshare or limits alone; without chromium the browser test skips)"; \
+	  else echo "warning: missing$$missing: apt-get install$$missing (without bubblewrap the sandbox is weaker)"; fi; \
+	fi
 
 test: setup system-deps
 	$(BIN)/python -m pytest -q
