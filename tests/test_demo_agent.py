@@ -70,3 +70,17 @@ def test_agent_runs_tools_and_is_captured_like_a_flowagent(tmp_path: Path) -> No
 def test_tasks_have_checkable_answers() -> None:
     assert len({t.task_id for t in TASKS}) == len(TASKS)
     assert answer_matches("83", "The answer is 83.") and not answer_matches("83", "830")
+
+
+def test_annotate_records_the_task_answer_once(tmp_path: Path) -> None:
+    from flowrl.demo.tasks import annotate
+    from flowrl.schema import ExecutionTrace
+
+    store = TraceStore(tmp_path)
+    store.write(ExecutionTrace(trace_id="a", user_query=TASKS[0].query, rewards={"format": 1.0}, reward_score=1.0))
+    store.write(ExecutionTrace(trace_id="b", user_query="not a demo task"))
+    assert annotate(store) == 1
+    t = store.get("a")
+    assert (t.metadata["reference_answer"], t.group_key, t.rewards, t.reward_score) == (TASKS[0].answer, TASKS[0].task_id, {}, None)
+    assert "reference_answer" not in store.get("b").metadata
+    assert annotate(store) == 0  # already annotated: left alone

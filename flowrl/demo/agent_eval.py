@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flowrl.demo.tasks import BY_QUERY, Task
+from flowrl.demo.tasks import BY_QUERY, Task, annotate
 from flowrl.store import TraceStore, atomic_write_bytes
 
 
@@ -46,12 +46,7 @@ async def _run_agent(model_dir: Path, adapter: Path | None, tasks: list[Task], s
     finally:
         hook.flush()
         hook.unhook()
-    for trace in store.iter_traces():
-        task = BY_QUERY.get(trace.user_query)
-        if task is not None:
-            trace.metadata["reference_answer"] = task.answer
-            trace.group_key = task.task_id
-            store.update(trace)
+    annotate(store)
 
 
 def _scores(store: TraceStore, engine: Any) -> tuple[dict[str, float | None], float | None, list[dict[str, Any]]]:

@@ -125,6 +125,7 @@ class Demo:
         from flowrl.capture import hook_into_agent
         from flowrl.demo.agent import ExampleAgent
         from flowrl.demo.backend import TransformersBackend
+        from flowrl.demo.tasks import annotate, answer_matches
         from flowrl.rewards.sandbox import Sandbox
 
         backend = TransformersBackend(self.model_dir, max_new_tokens=64, temperature=0.9, seed=self.cfg.seed)
@@ -136,33 +137,15 @@ class Demo:
             try:
                 for i, task in enumerate(plan):
                     answer = await agent.a_run(task.query, session_id=f"demo-{task.task_id}-{i}")
-                    from flowrl.demo.tasks import answer_matches
-
                     correct += answer_matches(task.answer, answer)
                     self.on_progress("collect", i + 1, len(plan))
             finally:
                 hook.flush()
                 hook.unhook()
-        annotated = self._annotate()
+        annotated = annotate(self.store, source="live", agent="example_agent")
         stats = hook.stats
         return (f"{len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
                 f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer")
-
-    def _annotate(self) -> int:
-        """The host knows each task's answer: record it on the trace (reference_answer) and group by task."""
-        from flowrl.demo.tasks import BY_QUERY
-
-        n = 0
-        for trace in self.store.iter_traces(source="live", agent="example_agent"):
-            task = BY_QUERY.get(trace.user_query)
-            if task is None or trace.metadata.get("reference_answer") == task.answer:
-                continue
-            trace.metadata["reference_answer"] = task.answer
-            trace.group_key = task.task_id
-            trace.rewards, trace.reward_score = {}, None  # rescore with the reference known
-            self.store.update(trace)
-            n += 1
-        return n
 
     def stage_ingest(self) -> tuple[str, bool]:
         from flowrl.ingest import ingest_paths
@@ -283,15 +266,13 @@ def _quiet(log_path: Path) -> Iterator[None]:
 
 
 def _last_metrics(path: Path) -> dict[str, Any]:
+    """The latest value of every metric a training run logged (`flowrl train`'s metrics.jsonl)."""
+    from flowrl.report.metrics import read_jsonl
+
     last: dict[str, Any] = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and "step" in row:
-                last.update(row)
+    for row in read_jsonl(path) if path.exists() else []:
+        if "step" in row:
+            last.update(row)
     return last
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from typing import Any
+
+from flowrl.rewards.reference import answer_matches
+from flowrl.store import TraceStore
+
+__all__ = ["BY_QUERY", "TASKS", "Task", "annotate", "answer_matches"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,18 @@ TASKS: tuple[Task, ...] = (
 BY_QUERY = {t.query: t for t in TASKS}
 
 
-def answer_matches(expected: str, answer: str) -> bool:
-    """The expected answer appears in the answer as a whole word or number (case-insensitive)."""
-    pattern = r"(?<![\w.])" + re.escape(expected.lower()) + r"(?![\w])"
-    return re.search(pattern, (answer or "").lower()) is not None
+def annotate(store: TraceStore, **filters: Any) -> int:
+    """The host knows each task's answer: record it on its traces (`metadata.reference_answer`, which the
+    reference_answer reward reads), group them by task, and clear old scores so they are scored again.
+    Traces already annotated are left alone. Returns how many were updated."""
+    n = 0
+    for trace in store.iter_traces(**filters):
+        task = BY_QUERY.get(trace.user_query)
+        if task is None or trace.metadata.get("reference_answer") == task.answer:
+            continue
+        trace.metadata["reference_answer"] = task.answer
+        trace.group_key = task.task_id
+        trace.rewards, trace.reward_score = {}, None
+        store.update(trace)
+        n += 1
+    return n

@@ -88,7 +88,7 @@ class TrainingRun:
         return xs, ys
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -114,7 +114,7 @@ def find_runs(dirs: list[Path]) -> tuple[list[TrainingRun], list[tuple[Path, dic
         for c in candidates:
             metrics = c / "metrics.jsonl"
             if metrics.is_file():
-                runs.append(TrainingRun(c.name, c, _read_jsonl(metrics)))
+                runs.append(TrainingRun(c.name, c, read_jsonl(metrics)))
             report = c / "eval_report.json"
             if report.is_file():
                 try:
