@@ -80,6 +80,7 @@ Files carry `schema_version`. Older files are upgraded on read by an ordered lis
 |---|---|
 | 0 | toolboxv2 rl-module files (no `schema_version`) |
 | 1 | flowrl fields added; `source` defaults to `import`; tool results with a traceback marked failed |
+| 2 | every trace has canonical `messages` (synthesised ones are marked `metadata.transcript = "synthesized"`); LLM calls may carry `prompt_token_ids`, `token_ids`, `logprobs`, `tokenizer`, `token_ids_dropped` |
 """
 
 

@@ -22,7 +22,7 @@ from flowrl.errors import SchemaError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Source = Literal["live", "checkpoint", "obs", "live-file", "import"]
 SOURCES: tuple[str, ...] = ("live", "checkpoint", "obs", "live-file", "import")
@@ -84,13 +84,27 @@ class ReasoningStep(_Model):
 
 
 class LLMCall(_Model):
+    """One model call. The token fields are filled only where the backend returned them:
+    `prompt_token_ids` (what the model was given), `token_ids` (what it sampled, end-of-turn token
+    included) and `logprobs` (the sampling log-probability of each sampled token). `tokenizer` is a
+    fingerprint of the tokenizer those ids belong to (`name@sha256-prefix-of-vocab`).
+    `token_ids_dropped` says why ids were removed (e.g. "redacted": a secret was masked in the text
+    they encode, so the ids would leak it); such a call is not usable for token-faithful rows."""
+
     model: str | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
     latency_ms: float | None = None
     output: str | None = None
+    prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    tokenizer: str | None = None
+    token_ids_dropped: str | None = None
+
+    @property
+    def has_token_ids(self) -> bool:
+        return bool(self.prompt_token_ids) and bool(self.token_ids) and self.token_ids_dropped is None
 
 
 class ExecutionTrace(_Model):
@@ -177,7 +191,19 @@ def _v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1]
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Every trace has canonical `messages` (`flowrl.transcript.complete_messages`): a recorded transcript
+    gets one tool-call shape and its duplicate tool results dropped; a trace without one gets it
+    synthesised from `user_query`, `tool_calls` and `final_response` (its calls get ids, and
+    `metadata.transcript` says "synthesized")."""
+    from flowrl.transcript import complete_messages  # the transcript module sits beside this one
+
+    data = complete_messages(data)
+    data["schema_version"] = 2
+    return data
+
+
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1, _v1_to_v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

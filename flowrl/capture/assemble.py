@@ -7,19 +7,26 @@ Rules (reference flowagent-0.1.28 §7):
   layer recorded that call id;
 - tool success is honest: an exception, or a result that starts with `Error`/`System-Error` or holds a
   traceback, is a failure whatever the framework said (`flowrl.schema.result_is_failure`);
-- `think` results are reasoning steps, one per `tool_call_id`; duplicate tool messages with the same id
-  and content (FlowAgent appends think results twice) are dropped from the transcript;
-- `final_answer` is the answer, not a tool call; its `success` argument is the model's own verdict.
+- `think` results are reasoning steps, one per `tool_call_id`;
+- `final_answer` is the answer, not a tool call; its `success` argument is the model's own verdict;
+- the transcript (arguments, tool-call shape, duplicate tool results, synthesis when the agent has none,
+  the `final_answer` call) is read and written by `flowrl.transcript`, as ingest and rewards read it.
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 from flowrl.capture.recorder import RunRecord
 from flowrl.schema import result_is_failure
+from flowrl.transcript import (
+    canonical_messages,
+    complete_messages,
+    final_answer_args,
+    parse_arguments,
+    tool_call_parts,
+)
 
 FAILED_STATUSES = frozenset({"max_iterations", "cancelled", "failed", "error"})
 ERROR_TEXT_CHARS = 500
@@ -33,27 +40,6 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, dict):
         return obj.get(name, default)
     return getattr(obj, name, default)
-
-
-def tool_call_parts(tc: Any) -> tuple[str, Any, str | None]:
-    """(name, raw arguments, id) of an OpenAI-style tool call object or dict."""
-    fn = _get(tc, "function")
-    if fn is not None:
-        return str(_get(fn, "name", "") or ""), _get(fn, "arguments"), _get(tc, "id")
-    return str(_get(tc, "name", "") or ""), _get(tc, "arguments"), _get(tc, "id")
-
-
-def parse_args(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return raw
-    if raw is None:
-        return {}
-    if isinstance(raw, dict):
-        return dict(raw)
-    return raw
 
 
 def _text(value: Any) -> str:
@@ -110,7 +96,7 @@ class _Builder:
     # -- events -----------------------------------------------------------------------------------
     def engine_tool(self, ev: dict[str, Any]) -> None:
         name, raw_args, call_id = tool_call_parts(ev.get("tc"))
-        args = parse_args(raw_args)
+        args = parse_arguments(raw_args)
         out = ev.get("out")
         result = out[0] if isinstance(out, tuple) and len(out) == 2 else out
         fn = ev.get("fn")
@@ -150,7 +136,7 @@ class _Builder:
                     continue
                 t0, start = starts.get(call_id, (t, {}))
                 name = _text(chunk.get("name") or start.get("name"))
-                self.add_call(t0, name, parse_args(start.get("args")), _text(chunk.get("result")), None, None,
+                self.add_call(t0, name, parse_arguments(start.get("args")), _text(chunk.get("result")), None, None,
                               t - t0, call_id, "stream")
 
 
@@ -203,6 +189,13 @@ def _llm_output(out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
         return out, None
     content = _get(out, "content")
     raw_calls = _get(out, "tool_calls")
+    if content is None and raw_calls is None:  # a whole response: OpenAI-style choices, Ollama's message
+        choices = _get(out, "choices")
+        inner = _get(choices[0], "message") if isinstance(choices, (list, tuple)) and choices else _get(out, "message")
+        if inner is not None and not isinstance(inner, str):
+            content, raw_calls = _get(inner, "content"), _get(inner, "tool_calls")
+            if content is None and raw_calls is None:
+                return None, None
     if content is None and raw_calls is None:
         return str(out), None
     calls = None
@@ -215,7 +208,10 @@ def _llm_output(out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
 
 
 def _llm_call(ev: dict[str, Any]) -> dict[str, Any]:
-    output, calls = _llm_output(ev.get("out"))
+    from flowrl.capture.tokens import token_info
+
+    out = ev.get("out")
+    output, calls = _llm_output(out)
     entry: dict[str, Any] = {"model": ev.get("model"), "tokens_in": ev.get("tin"), "tokens_out": ev.get("tout"),
                              "latency_ms": None if ev.get("dur") is None else round(ev["dur"] * 1000.0, 3),
                              "output": output, "stream": bool(ev.get("stream"))}
@@ -225,6 +221,9 @@ def _llm_call(ev: dict[str, Any]) -> dict[str, Any]:
         entry["cost"] = ev["cost"]
     if ev.get("exc"):
         entry["error"] = ev["exc"]
+    tokens = None if entry["stream"] else token_info(out)  # a stream's last chunk holds only its own ids
+    if tokens is not None:
+        entry.update(tokens.fields())
     return entry
 
 
@@ -240,48 +239,10 @@ def _tools_offered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _dedupe_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out, seen = [], set()
-    for msg in messages:
-        if isinstance(msg, dict) and msg.get("role") == "tool":
-            key = (msg.get("tool_call_id"), _text(msg.get("content")))
-            if key in seen:
-                continue
-            seen.add(key)
-        out.append(msg)
-    return out
-
-
 def complete_trace(data: dict[str, Any]) -> dict[str, Any]:
     """Rebuild `messages` when the agent has no transcript of its own (after masking, from the masked
-    query, tool calls and answer: each value is masked once)."""
-    if data.get("messages") is None:
-        data["messages"] = _synthesize_messages(data["user_query"], data["tool_calls"], data["final_response"])
-    return data
-
-
-def _synthesize_messages(query: Any, calls: list[dict[str, Any]], final: str) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": _text(query)}]
-    for call in calls:
-        call_id = call["call_id"]
-        args = call["arguments"]
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {
-                "name": call["tool_name"], "arguments": args if isinstance(args, str) else json.dumps(args, default=repr)}}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "name": call["tool_name"], "content": call["result"]})
-    messages.append({"role": "assistant", "content": final})
-    return messages
-
-
-def _final_answer_in(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for msg in reversed(messages):
-        if isinstance(msg, dict) and msg.get("role") == "assistant":
-            for tc in msg.get("tool_calls") or ():
-                name, args, _ = tool_call_parts(tc)
-                if name == "final_answer":
-                    parsed = parse_args(args)
-                    return parsed if isinstance(parsed, dict) else None
-    return None
+    query, tool calls and answer: each value is masked once; `flowrl.transcript.complete_messages`)."""
+    return complete_messages(data)
 
 
 def _reasoning_from_messages(b: _Builder, messages: list[dict[str, Any]]) -> None:
@@ -292,7 +253,7 @@ def _reasoning_from_messages(b: _Builder, messages: list[dict[str, Any]]) -> Non
         for tc in msg.get("tool_calls") or ():
             name, args, call_id = tool_call_parts(tc)
             if name == "think":
-                thoughts[call_id] = parse_args(args)
+                thoughts[call_id] = parse_arguments(args)
         if msg.get("role") == "tool" and msg.get("name") == "think":
             call_id = msg.get("tool_call_id")
             b.add_reasoning(call_id, thoughts.get(call_id, {}), _text(msg.get("content")))
@@ -325,13 +286,10 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
 
     messages: list[dict[str, Any]] | None = None  # None: rebuilt by complete_trace() once masked
     if rec.messages is not None:
-        messages = _dedupe_messages(rec.messages)
+        messages = canonical_messages(rec.messages)
         _reasoning_from_messages(b, messages)
-    else:
-        for i, call in enumerate(tool_calls, 1):
-            call["call_id"] = call["call_id"] or f"call_{i}"
 
-    fa = (_final_answer_in(messages) if messages is not None else None) or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) \
+    fa = (final_answer_args(messages) if messages is not None else None) or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) \
         or b.final_args or {}
     fa_success = fa.get("success") if isinstance(fa.get("success"), bool) else None
     done_success = _get(chunks.get("done"), "success")

@@ -26,13 +26,15 @@ _TRIGGERS = tuple(t for t in (_triggers(False), _triggers(True)) if t is not Non
 
 
 class _Masker:
-    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct string once."""
+    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct string once.
+    `changed` counts the strings it returned altered (a cached one each time it is asked again)."""
 
     def __init__(self, redactor: Any) -> None:
         self.redactor = redactor
         self.cache: dict[str, str] = {}
         self.fast = getattr(redactor, "mask", None) is None
         self.limit = getattr(redactor, "max_chars", None)
+        self.changed = 0
 
     def text(self, value: str) -> str:
         done = self.cache.get(value)
@@ -48,8 +50,12 @@ class _Masker:
     def redact(self, value: Any, key: str | None = None) -> Any:
         if isinstance(value, str):
             if key is not None and SECRET_KEY_RE.match(key):
-                return self.redactor.redact(value, key=key)  # masked whole by its key's name
-            return self.text(value)
+                done = self.redactor.redact(value, key=key)  # masked whole by its key's name
+            else:
+                done = self.text(value)
+            if done != value:
+                self.changed += 1
+            return done
         if isinstance(value, dict):
             return {k: self.redact(v, k if isinstance(k, str) else None) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -92,27 +98,40 @@ def _mask_message(redactor: Any, msg: Any) -> Any:
 
 
 def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """Mask secrets in every field of a trace dict that can hold user content (a copy)."""
+    """Mask secrets in every field of a trace dict that can hold user content (a copy).
+
+    A call's token ids encode text: its completion ids its own output, its prompt ids the conversation
+    so far. Where masking changed such text, the ids would still hold the secret, so they are dropped
+    (`token_ids_dropped = "redacted"`; logprobs stay). Per call for outputs (a call's own, and any
+    earlier call's, which its prompt contains); per trace for the conversation (query, messages, tool
+    calls, reasoning, tool schemas), since which messages a call's prompt held is not recorded.
+    """
     redactor = _Masker(redactor)
     out = dict(data)
-    for name in ("user_query", "final_response", "review_notes"):
-        if name in out:
-            out[name] = redactor.redact(out[name])
+    if "user_query" in out:
+        out["user_query"] = redactor.redact(out["user_query"])
     if out.get("messages") is not None:
         out["messages"] = [_mask_message(redactor, m) for m in out["messages"]]
     out["tool_calls"] = [_mask_fields(redactor, c, ("arguments", "result", "error", "function_error"))
                          for c in out.get("tool_calls") or []]
     out["reasoning_steps"] = [_mask_fields(redactor, s, ("content", "thought", "insights", "issues"))
                               for s in out.get("reasoning_steps") or []]
-    llm_calls = []
+    context_changed = redactor.changed
+    for name in ("final_response", "review_notes"):
+        if name in out:
+            out[name] = redactor.redact(out[name])
+    llm_calls, outputs_changed = [], []
     for call in out.get("llm_calls") or []:
-        masked = _mask_fields(redactor, call, ("output", "error"))
+        before = redactor.changed
+        masked = _mask_fields(redactor, call, ("output",))
         if isinstance(masked, dict) and isinstance(masked.get("tool_calls"), list):
             masked["tool_calls"] = [_mask_call(redactor, c) for c in masked["tool_calls"]]
-        llm_calls.append(masked)
+        outputs_changed.append(redactor.changed > before)
+        llm_calls.append(_mask_fields(redactor, masked, ("error",)) if isinstance(masked, dict) else masked)
     out["llm_calls"] = llm_calls
     for name in ("tasks_created", "tasks_completed", "tasks_failed"):
         out[name] = [_mask_fields(redactor, t, ("description", "result", "error")) for t in out.get(name) or []]
+    before_tools = redactor.changed
     tools = []
     for tool in out.get("tools") or []:
         fn = tool.get("function") if isinstance(tool, dict) else None
@@ -121,6 +140,18 @@ def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
         else:
             tools.append(redactor.redact(tool))
     out["tools"] = tools
+    context_changed += redactor.changed - before_tools
+    _drop_token_ids(llm_calls, outputs_changed, context_changed > 0)
     if isinstance(out.get("metadata"), dict) and "error" in out["metadata"]:
         out["metadata"] = {**out["metadata"], "error": redactor.redact(out["metadata"]["error"])}
     return out
+
+
+def _drop_token_ids(calls: list[Any], outputs_changed: list[bool], context_changed: bool) -> None:
+    earlier_changed = False  # an earlier call's output is in this call's prompt
+    for call, own_changed in zip(calls, outputs_changed):
+        if (own_changed or context_changed or earlier_changed) and isinstance(call, dict) \
+                and (call.get("prompt_token_ids") is not None or call.get("token_ids") is not None):
+            call["prompt_token_ids"] = call["token_ids"] = None
+            call["token_ids_dropped"] = "redacted"
+        earlier_changed = earlier_changed or own_changed

@@ -6,12 +6,16 @@ import, say) gets a minimal conversation synthesised from `user_query`, `tool_ca
 `final_response`: the user turn, then one assistant message per logged tool call followed by its
 result, then the final answer.
 
-Messages are normalised to the shape Hugging Face chat templates expect:
+Messages are normalised to the shape Hugging Face chat templates expect (`flowrl.transcript`, which
+owns the chat format: synthesis, argument parsing and this normalisation live there):
 - `content` is always a string (`None` becomes `""`; a list of text parts is joined);
 - a tool call is `{"id", "type": "function", "function": {"name", "arguments"}}` with `arguments`
   parsed into a dict (OpenAI sends a JSON string; templates `tojson` a dict). Arguments that are not a
   JSON object stay a string. `arguments_as="string"` keeps OpenAI's JSON strings instead;
 - only `role`, `content`, `tool_calls`, `tool_call_id` and `name` are kept.
+
+A trace whose stored messages flowrl synthesised (`metadata.transcript == "synthesized"`, as the schema
+upgrade does for older files without a transcript) counts as synthesised here too.
 
 The prompt of a run ends at its user turn: the last user message that is followed by an assistant
 message and matches `user_query` (else the last user message followed by an assistant message).
@@ -24,14 +28,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from flowrl.schema import ExecutionTrace
+from flowrl.transcript import (
+    ArgumentsAs,
+    is_synthesized,
+    normalize_message,
+    normalize_tool_call,
+    synthesize_tools,
+)
+from flowrl.transcript import synthesize_messages as _synthesize
 
-ArgumentsAs = Literal["dict", "string"]
-_KEEP = ("role", "content", "tool_calls", "tool_call_id", "name")
+__all__ = [
+    "ArgumentsAs", "Conversation", "find_prompt_end", "fit_trajectory", "message_chars", "normalize_message",
+    "normalize_query", "normalize_tool_call", "synthesize_messages", "synthesize_tools", "trace_conversation",
+]
+
 _WS = re.compile(r"\s+")
 
 
@@ -66,123 +81,11 @@ class Conversation:
         return any(m.get("tool_calls") for m in self.trajectory)
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: keep the text ones
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                parts.append(str(part.get("text") or ""))
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return str(content)
-
-
-def _arguments(value: Any, arguments_as: ArgumentsAs) -> Any:
-    if arguments_as == "string":
-        if isinstance(value, str):
-            return value
-        return orjson.dumps(value if value is not None else {}).decode()
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            parsed = orjson.loads(value) if value.strip() else {}
-        except orjson.JSONDecodeError:
-            return value
-        return parsed if isinstance(parsed, dict) else value
-    return value
-
-
-def normalize_tool_call(call: Any, index: int, arguments_as: ArgumentsAs = "dict") -> dict[str, Any]:
-    """An OpenAI or flat (`{"name", "arguments"}`) tool call in the nested OpenAI shape."""
-    if not isinstance(call, dict):
-        call = {"function": {"name": str(call)}}
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
-    out: dict[str, Any] = {
-        "id": str(call.get("id") or f"call_{index}"),
-        "type": "function",
-        "function": {"name": str(fn.get("name") or ""), "arguments": _arguments(fn.get("arguments"), arguments_as)},
-    }
-    return out
-
-
-def normalize_message(message: dict[str, Any], arguments_as: ArgumentsAs = "dict") -> dict[str, Any] | None:
-    """A message in the shape chat templates expect, or None when it is not a chat message at all."""
-    if not isinstance(message, dict) or not message.get("role"):
-        return None
-    role = str(message["role"])
-    if role == "function":  # legacy OpenAI name for a tool result
-        role = "tool"
-    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"))}
-    calls = message.get("tool_calls")
-    if role == "assistant" and calls:
-        out["tool_calls"] = [normalize_tool_call(c, i, arguments_as) for i, c in enumerate(calls)]
-    if role == "tool":
-        if message.get("tool_call_id"):
-            out["tool_call_id"] = str(message["tool_call_id"])
-        if message.get("name"):
-            out["name"] = str(message["name"])
-    return out
-
-
 def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> list[dict[str, Any]]:
-    """The minimal conversation of a trace that has no `messages`."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": trace.user_query}]
-    for i, call in enumerate(trace.tool_calls):
-        call_id = call.call_id or f"call_{i}"
-        messages.append({
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [normalize_tool_call(
-                {"id": call_id, "function": {"name": call.tool_name, "arguments": call.arguments}}, i, arguments_as)],
-        })
-        messages.append({"role": "tool", "content": _text(call.result), "tool_call_id": call_id, "name": call.tool_name})
-    if trace.final_response or not trace.tool_calls:
-        messages.append({"role": "assistant", "content": trace.final_response})
-    return messages
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"
-
-
-def synthesize_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Minimal OpenAI tool schemas for the tools a transcript calls (names and argument types only)."""
-    tools: dict[str, dict[str, Any]] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or ():
-            fn = call["function"]
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    args = orjson.loads(args)
-                except orjson.JSONDecodeError:
-                    args = {}
-            schema = tools.setdefault(fn["name"], {
-                "type": "function",
-                "function": {"name": fn["name"], "description": "",
-                             "parameters": {"type": "object", "properties": {}}},
-            })
-            if isinstance(args, dict):
-                props = schema["function"]["parameters"]["properties"]
-                for key, value in args.items():
-                    props.setdefault(str(key), {"type": _json_type(value)})
-    return list(tools.values()) or None
+    """The minimal conversation of a trace that has no `messages` (`flowrl.transcript.synthesize_messages`)."""
+    messages = (normalize_message(m, arguments_as) for m in _synthesize(trace.user_query, trace.tool_calls,
+                                                                           trace.final_response))
+    return [m for m in messages if m is not None]
 
 
 def normalize_query(text: str) -> str:
@@ -213,8 +116,8 @@ def find_prompt_end(messages: list[dict[str, Any]], user_query: str = "") -> int
 def trace_conversation(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> Conversation:
     """The trace's chat: normalised messages, the prompt boundary and the tool schemas offered."""
     raw = trace.messages
-    synthesized = not raw
-    if synthesized:
+    synthesized = not raw or is_synthesized(trace.metadata)
+    if not raw:
         messages = synthesize_messages(trace, arguments_as)
     else:
         messages = [m for m in (normalize_message(m, arguments_as) for m in raw) if m is not None]

@@ -6,7 +6,7 @@ Field sources:
 |---|---|
 | `user_query` | the turn's user message; for auto-resumed segments the follow-up after the resume marker |
 | `final_response` | the checkpoint's final assistant message, else the segment's `final_answer` argument, else the obs `final_answer_summary` |
-| `messages` | the run transcript up to the end of the segment (OpenAI format); without an obs/live file, `[user, assistant]` |
+| `messages` | the run transcript up to the end of the segment (OpenAI format, `flowrl.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
 | `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, duration, time and status from the record; `success` is honest (`flowrl.schema.result_is_failure`, obs `status == "error"`) |
 | `reasoning_steps` | `think` calls (`THOUGHT: ...` / `ASSESSMENT: ...`), as toolboxv2's rl module writes them |
 | `success` | `final_answer(success=...)` (obs `success` for the last segment); null without obs |
@@ -24,8 +24,9 @@ from typing import Any
 
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint
 from flowrl.ingest.obs import RunView
-from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment, parse_arguments
+from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment
 from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace, result_is_failure
+from flowrl.transcript import canonical_messages, parse_arguments
 
 _ERROR_CHARS = 500
 
@@ -147,7 +148,7 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: str, quer
         reasoning_steps=reasoning, final_response=final, total_tokens_in=tokens_in, total_tokens_out=tokens_out,
         execution_duration_ms=duration_ms, llm_calls_count=len(llm_calls) if steps else None,
         agent_name=(checkpoint.agent if checkpoint else run.agent), run_id=run.run_id, source=source,
-        success=success, status=status, messages=[dict(m) for m in run.messages[: seg.end]], llm_calls=llm_calls,
+        success=success, status=status, messages=canonical_messages(run.messages[: seg.end]), llm_calls=llm_calls,
         metadata={"flowagent": meta},
         **_tasks(run.run_id, query, success, final, len(steps) or None, status),
     )

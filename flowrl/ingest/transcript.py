@@ -12,9 +12,11 @@ records (reference §3.5). The working history is recovered as follows:
 4. per-call system messages (the dynamic tool-slot context FlowAgent re-inserts before each call, at a
    new place each time) are dropped: a system message is kept only when the previous main-loop input
    has it after the same message;
-5. duplicate tool results (FlowAgent appends a think result twice under one id) are dropped;
+5. duplicate tool results (FlowAgent appends a think result twice under one id) are dropped
+   (`flowrl.transcript.dedup_tool_results`);
 6. tool calls made by the last steps, which no recorded input shows yet, are appended from the
-   step's tool records (assistant `tool_calls` + `tool` results, ids `obs-<step>-<n>`).
+   step's tool records (assistant `tool_calls` + `tool` results, ids `obs-<step>-<n>`; a record's
+   `args_summary` that parses is written back as JSON, `flowrl.transcript.arguments_json`).
 
 A live file's `ctx_snapshot.working_history` is the exact working history and is used as is (step 6
 still adds what happened after the snapshot).
@@ -26,15 +28,23 @@ message after it. Segment 0's query is the run's own query.
 
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowrl.ingest.checkpoint import text_of
+from flowrl.transcript import (
+    FINAL_ANSWER,
+    arguments_json,
+    dedup_tool_results,
+    parse_arguments,
+    tool_call_parts,
+)
+from flowrl.transcript import (
+    transcript_calls as _transcript_calls,
+)
 
 RESUME_MARKER = "Continue with old task"
-FINAL_ANSWER = "final_answer"
 THINK = "think"
 
 
@@ -48,31 +58,11 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def call_ids(msgs: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for m in msgs:
-        if m.get("role") == "assistant":
-            for tc in m.get("tool_calls") or []:
-                if isinstance(tc, dict) and tc.get("id"):
-                    out.append(str(tc["id"]))
-    return out
+    return [c.call_id for c in _transcript_calls(msgs) if c.call_id]
 
 
 def _calls_final(m: dict[str, Any]) -> bool:
-    return m.get("role") == "assistant" and any(
-        isinstance(tc, dict) and (tc.get("function") or {}).get("name") == FINAL_ANSWER for tc in m.get("tool_calls") or [])
-
-
-def dedup_tool_results(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen: set[str] = set()
-    out = []
-    for m in msgs:
-        if m.get("role") == "tool" and m.get("tool_call_id"):
-            key = str(m["tool_call_id"])
-            if key in seen:
-                continue
-            seen.add(key)
-        out.append(m)
-    return out
+    return m.get("role") == "assistant" and any(tool_call_parts(tc)[0] == FINAL_ANSWER for tc in m.get("tool_calls") or [])
 
 
 def _inputs(step: dict[str, Any]) -> list[dict[str, Any]]:
@@ -135,23 +125,6 @@ class Call:
     record: dict[str, Any] | None = None
 
 
-def parse_arguments(raw: Any) -> Any:
-    """Tool arguments as a value: JSON, else a Python literal (obs writes think args as a repr), else raw."""
-    if isinstance(raw, (dict, list)):
-        return raw
-    text = raw if isinstance(raw, str) else str(raw)
-    if not text.strip():
-        return {}
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return {"_raw": text}
-
-
 def step_records(steps: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
     """(step position, tool record), without the duplicate think record FlowAgent writes after each think."""
     out: list[tuple[int, dict[str, Any]]] = []
@@ -167,19 +140,21 @@ def step_records(steps: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]
 
 
 def transcript_calls(msgs: list[dict[str, Any]]) -> list[Call]:
-    results = {str(m.get("tool_call_id")): text_of(m.get("content")) for m in reversed(msgs)
-               if m.get("role") == "tool" and m.get("tool_call_id")}
-    calls = []
-    for idx, m in enumerate(msgs):
-        if m.get("role") != "assistant":
-            continue
-        for tc in m.get("tool_calls") or []:
-            if not isinstance(tc, dict):
-                continue
-            fn = tc.get("function") or {}
-            cid = str(tc.get("id") or "")
-            calls.append(Call(cid, str(fn.get("name") or ""), fn.get("arguments") or "", idx, results.get(cid)))
-    return calls
+    """The transcript's tool calls (`flowrl.transcript.transcript_calls`), ready to pair with obs records."""
+    return [Call(c.call_id or "", c.name, c.arguments if c.arguments is not None else "", c.message_index, c.result)
+            for c in _transcript_calls(msgs)]
+
+
+def _record_arguments(summary: Any) -> str:
+    """An obs record's `args_summary` as tool-call arguments: as written when it is JSON (or not a value at
+    all), JSON text when it is a Python repr (FlowAgent writes think's that way)."""
+    text = summary if isinstance(summary, str) else ""
+    try:
+        json.loads(text)
+        return text
+    except ValueError:
+        parsed = parse_arguments(text)
+        return text if isinstance(parsed, str) else arguments_json(parsed)
 
 
 def _pair(calls: list[Call], records: list[tuple[int, dict[str, Any]]]) -> tuple[dict[int, int], int, int]:
@@ -216,7 +191,8 @@ def attach_records(msgs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> l
         for n, rec in enumerate(recs):
             cid = f"obs-{step_id}-{n}"
             name = str(rec.get("name") or "")
-            tcs.append({"id": cid, "type": "function", "function": {"name": name, "arguments": rec.get("args_summary") or ""}})
+            tcs.append({"id": cid, "type": "function", "function": {"name": name,
+                                                                     "arguments": _record_arguments(rec.get("args_summary"))}})
             if name != FINAL_ANSWER:
                 results.append({"role": "tool", "tool_call_id": cid, "name": name, "content": str(rec.get("result_summary") or "")})
         msgs.append({"role": "assistant", "content": None, "tool_calls": tcs})
@@ -265,9 +241,9 @@ def segments(msgs: list[dict[str, Any]], query: str) -> list[Segment]:
             if not _calls_final(m):
                 continue
             for tc in m.get("tool_calls") or []:
-                fn = (tc or {}).get("function") or {}
-                if fn.get("name") == FINAL_ANSWER:
-                    args = parse_arguments(fn.get("arguments"))
+                name, raw, _ = tool_call_parts(tc)
+                if name == FINAL_ANSWER:
+                    args = parse_arguments(raw)
                     if isinstance(args, dict) and isinstance(args.get("answer"), str):
                         seg.answer = args["answer"]
                         seg.success = args.get("success") if isinstance(args.get("success"), bool) else None

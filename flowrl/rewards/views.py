@@ -3,7 +3,9 @@
 A trace may carry its tool calls in `tool_calls` (capture, ingest, toolboxv2 rl files), in `messages`
 (OpenAI-format transcript; what a fresh GRPO completion gives), or in both. These helpers give one answer
 either way, so each reward reads the same facts: the tool calls with their results, the final answer and
-its success flag, the code the agent wrote.
+its success flag, the code the agent wrote. The transcript itself is read by `flowrl.transcript`; a
+transcript that flowrl synthesised (`metadata.transcript == "synthesized"`) is not what the model wrote and
+is not read here as if it were.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrl.schema import ExecutionTrace, result_is_failure
+from flowrl.transcript import (
+    TranscriptCall,
+    final_answer,
+    is_synthesized,
+    parse_arguments,
+    transcript_calls,
+)
 
 # Tools that steer the agent loop rather than act on the world: not "tool calls" for success or budgets.
 CONTROL_TOOLS: frozenset[str] = frozenset({"final_answer"})
@@ -60,89 +69,84 @@ class ToolCallView:
         return f"{self.name}\x00{canon}"
 
 
-def parse_arguments(raw: Any) -> Any:
-    """Tool-call arguments as a value: a JSON string is parsed; one that does not parse stays a string."""
-    if raw is None or raw == "":
-        return {}
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except (ValueError, TypeError):
-            return raw
-    return raw
+def recorded_transcript(trace: ExecutionTrace) -> list[dict[str, Any]]:
+    """The trace's messages when they are what the run said; [] when flowrl synthesised them."""
+    return [] if is_synthesized(trace.metadata) else trace.messages
+
+
+def _spoken_calls(trace: ExecutionTrace) -> list[TranscriptCall]:
+    return transcript_calls(recorded_transcript(trace))
 
 
 def message_tool_calls(trace: ExecutionTrace) -> list[tuple[dict[str, Any], str | None]]:
-    """(function dict, call id) for every tool call asked for in assistant messages, in order."""
-    out: list[tuple[dict[str, Any], str | None]] = []
-    for msg in trace.messages:
-        if not isinstance(msg, dict) or msg.get("role") != "assistant":
-            continue
-        for tc in msg.get("tool_calls") or []:
-            if not isinstance(tc, dict):
+    """({"name", "arguments"}, call id) for every tool call asked for in assistant messages, in order;
+    `arguments` raw, as the model wrote them."""
+    return [({"name": c.name, "arguments": c.arguments}, c.call_id) for c in _spoken_calls(trace)]
+
+
+def _view(call: TranscriptCall) -> ToolCallView:
+    raw = call.arguments
+    return ToolCallView(call.name, parse_arguments(raw), raw if isinstance(raw, str) else None, call.result,
+                        None, None, call.call_id)
+
+
+def _first_per_id(views: list[ToolCallView]) -> list[ToolCallView]:
+    seen: set[str] = set()
+    out = []
+    for v in views:
+        if v.call_id:
+            if v.call_id in seen:
                 continue
-            fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
-            out.append((fn, tc.get("id")))
+            seen.add(v.call_id)
+        out.append(v)
     return out
 
 
-def _message_calls(trace: ExecutionTrace) -> list[tuple[dict[str, Any], str | None, str | None]]:
-    """(function dict, call id, result) from the transcript. Results are matched by `tool_call_id`, or, when
-    the transcript has no ids (TRL's tool loop), to the earlier unanswered call of the same name, in order."""
-    calls: list[list[Any]] = []
-    by_id: dict[str, list[Any]] = {}
-    for msg in trace.messages:
-        if not isinstance(msg, dict):
-            continue
-        if msg.get("role") == "assistant":
-            for tc in msg.get("tool_calls") or []:
-                if isinstance(tc, dict):
-                    fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
-                    entry = [fn, tc.get("id"), None]
-                    calls.append(entry)
-                    if tc.get("id"):
-                        by_id.setdefault(str(tc["id"]), entry)
-        elif msg.get("role") == "tool":
-            content = msg.get("content")
-            text = content if isinstance(content, str) else json.dumps(content, default=str)
-            cid = msg.get("tool_call_id")
-            entry = by_id.get(str(cid)) if cid else None
-            if entry is None and not cid:
-                name = msg.get("name")
-                entry = next((c for c in calls if c[2] is None and (not name or c[0].get("name") == name)), None)
-            if entry is not None and entry[2] is None:
-                entry[2] = text
-    return [(fn, cid, result) for fn, cid, result in calls]
-
-
 def tool_calls(trace: ExecutionTrace, *, include_control: bool = False) -> list[ToolCallView]:
-    """Every tool call of the trace, deduplicated by call id (FlowAgent records `think` twice)."""
-    views: list[ToolCallView] = []
-    seen: set[str] = set()
-    raw_by_id = {cid: fn.get("arguments") for fn, cid in message_tool_calls(trace) if cid}
-    if trace.tool_calls:
-        for tc in trace.tool_calls:
-            if tc.call_id:
-                if tc.call_id in seen:
-                    continue
-                seen.add(tc.call_id)
-            raw = raw_by_id.get(tc.call_id) if tc.call_id else None
-            args = parse_arguments(tc.arguments)
-            views.append(ToolCallView(tc.tool_name, args, raw if isinstance(raw, str) else None, tc.result,
-                                      tc.success, tc.error or None, tc.call_id))
+    """Every tool call of the trace, one per call id (FlowAgent records `think` twice).
+
+    `tool_calls` when the trace has them (the framework's success flags and errors), plus the transcript's
+    calls that no entry records (ingest keeps FlowAgent's `think` and `final_answer` out of `tool_calls`,
+    capture keeps only `final_answer` out): matched by call id, else by name and arguments. When the
+    transcript adds a call, the calls follow the transcript's order. Without `tool_calls`, the transcript's."""
+    spoken = [_view(c) for c in _spoken_calls(trace)]
+    if not trace.tool_calls:
+        views = _first_per_id(spoken)
     else:
-        for fn, cid, result in _message_calls(trace):
-            if cid:
-                if cid in seen:
-                    continue
-                seen.add(cid)
-            raw = fn.get("arguments")
-            args = parse_arguments(raw)
-            views.append(ToolCallView(str(fn.get("name") or ""), args, raw if isinstance(raw, str) else None,
-                                      result, None, None, cid))
+        raw_by_id = {v.call_id: v.raw_arguments for v in spoken if v.call_id}
+        logged = _first_per_id([
+            ToolCallView(tc.tool_name, parse_arguments(tc.arguments), raw_by_id.get(tc.call_id) if tc.call_id else None,
+                         tc.result, tc.success, tc.error or None, tc.call_id) for tc in trace.tool_calls])
+        views = _merge(logged, _first_per_id(spoken), include_control)
     if include_control:
         return views
     return [v for v in views if v.name not in CONTROL_TOOLS]
+
+
+def _merge(logged: list[ToolCallView], spoken: list[ToolCallView], include_control: bool) -> list[ToolCallView]:
+    ids = {v.call_id for v in logged if v.call_id}
+    anonymous = [v for v in logged if not v.call_id]
+    extra: list[ToolCallView] = []
+    for v in spoken:
+        if v.call_id and v.call_id in ids:
+            continue
+        twin = next((a for a in anonymous if a.name == v.name and a.signature() == v.signature()), None)
+        if twin is not None:
+            anonymous.remove(twin)
+            continue
+        extra.append(v)
+    if not any(include_control or v.name not in CONTROL_TOOLS for v in extra):
+        return logged
+    by_id = {v.call_id: v for v in logged if v.call_id}
+    extra_ids = {id(v) for v in extra}
+    ordered: list[ToolCallView] = []
+    for v in spoken:
+        if v.call_id and v.call_id in by_id:
+            ordered.append(by_id.pop(v.call_id))
+        elif id(v) in extra_ids:
+            ordered.append(v)
+    placed = {id(v) for v in ordered}
+    return ordered + [v for v in logged if id(v) not in placed]
 
 
 def final_answer_call(trace: ExecutionTrace) -> dict[str, Any] | None:
@@ -154,17 +158,9 @@ def final_answer_call(trace: ExecutionTrace) -> dict[str, Any] | None:
 
 
 def answer_text(trace: ExecutionTrace) -> str:
-    """The agent's answer: `final_response`, else the final_answer call's answer, else the last assistant text."""
-    if trace.final_response and trace.final_response.strip():
-        return trace.final_response
-    fa = final_answer_call(trace)
-    if fa and isinstance(fa.get("answer"), str) and fa["answer"].strip():
-        return fa["answer"]
-    for msg in reversed(trace.messages):
-        if isinstance(msg, dict) and msg.get("role") == "assistant" and isinstance(msg.get("content"), str):
-            if msg["content"].strip():
-                return msg["content"]
-    return trace.final_response or ""
+    """The agent's answer (`flowrl.transcript.final_answer`): the final_answer call's answer, else
+    `final_response`, else the last assistant text."""
+    return final_answer(trace.messages, trace.final_response, call_args=final_answer_call(trace) or {})
 
 
 def assistant_texts(trace: ExecutionTrace) -> list[str]:
@@ -188,8 +184,8 @@ def strip_code(text: str) -> str:
 
 
 def assistant_turns(trace: ExecutionTrace) -> int | None:
-    """How many times the model spoke: assistant messages, else the LLM call count."""
-    n = sum(1 for m in trace.messages if isinstance(m, dict) and m.get("role") == "assistant")
+    """How many times the model spoke: assistant messages (of a recorded transcript), else the LLM call count."""
+    n = sum(1 for m in recorded_transcript(trace) if isinstance(m, dict) and m.get("role") == "assistant")
     if n:
         return n
     if trace.llm_calls_count:
