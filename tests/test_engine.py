@@ -47,9 +47,9 @@ def no_code_config(tmp_path: Path, body: str = "") -> Path:
     return path
 
 
-def test_default_weights_are_toolboxv2s():
-    assert DEFAULT_WEIGHTS == {"code_execution": 2.0, "syntax": 1.0, "tool_success": 2.0, "task_completion": 1.5,
-                               "efficiency": 0.5, "format": 1.0, "reference_answer": 2.0}  # toolboxv2's six + flowrl's
+def test_default_weights_are_toolboxv2s_style_with_dominant_correctness():
+    assert DEFAULT_WEIGHTS == {"code_execution": 2.0, "syntax": 1.0, "tool_success": 2.0, "task_completion": 10.0,
+                               "efficiency": 0.5, "format": 1.0, "reference_answer": 20.0}  # see engine.py's docstring
 
 
 def test_default_engine_includes_code_execution():

@@ -36,19 +36,27 @@ from typing import Any
 
 from flowrl.errors import ConfigError
 
-# name -> (module, class, default weight, enabled by default). Weights as toolboxv2's rl module had them.
+# name -> (module, class, default weight, enabled by default). The style rewards weigh what toolboxv2's rl module
+# gave them; the correctness rewards outweigh them (see CORRECTNESS and engine.py): task_completion weighs more than
+# every style reward together (6.5, or 8.5 with learned and judge enabled), reference_answer more than those and
+# task_completion together (18.5).
 REGISTRY: dict[str, tuple[str, str, float, bool]] = {
     "code_execution": ("flowrl.rewards.code_execution", "CodeExecutionReward", 2.0, True),
     "syntax": ("flowrl.rewards.syntax", "SyntaxValidationReward", 1.0, True),
     "tool_success": ("flowrl.rewards.tool_success", "ToolSuccessReward", 2.0, True),
-    "task_completion": ("flowrl.rewards.task_completion", "TaskCompletionReward", 1.5, True),
+    "task_completion": ("flowrl.rewards.task_completion", "TaskCompletionReward", 10.0, True),
     "efficiency": ("flowrl.rewards.efficiency", "EfficiencyReward", 0.5, True),
     "format": ("flowrl.rewards.format", "FormatComplianceReward", 1.0, True),
-    "reference_answer": ("flowrl.rewards.reference", "ReferenceAnswerReward", 2.0, True),
+    "reference_answer": ("flowrl.rewards.reference", "ReferenceAnswerReward", 20.0, True),
     "learned": ("flowrl.rewards.learned", "LearnedReward", 1.0, False),
     "judge": ("flowrl.rewards.judge", "LLMJudgeReward", 1.0, False),
 }
 DEFAULT_WEIGHTS: dict[str, float] = {name: spec[2] for name, spec in REGISTRY.items() if spec[3]}
+# Rewards that say whether the run got the task right, the one that decides first.
+CORRECTNESS: tuple[str, ...] = ("reference_answer", "task_completion")
+# toolboxv2's rl-module weights, where style can outvote correctness: to reproduce its scores
+# (`RewardEngine(weights=TOOLBOXV2_WEIGHTS)`, or the same numbers in a config file; see docs/rewards.md).
+TOOLBOXV2_WEIGHTS: dict[str, float] = {**DEFAULT_WEIGHTS, "task_completion": 1.5, "reference_answer": 2.0}
 DEFAULT_THRESHOLD = 0.6
 PATH_OPTIONS: dict[str, tuple[str, ...]] = {"learned": ("model",), "judge": ("cache_dir",)}
 _TOP_KEYS = ("threshold", "include_defaults", "rewards")

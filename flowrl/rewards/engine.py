@@ -8,10 +8,24 @@
   results (or a trace), a failed task is never good: `task_completion` or `reference_answer` at 0 means bad,
   whatever the other rewards say (a run that said `final_answer(success=false)` is not a good example).
 
-Default weights are toolboxv2's: code_execution 2, syntax 1, tool_success 2, task_completion 1.5,
-efficiency 0.5, format 1; plus reference_answer 2 (None unless the task has a known answer); learned and
-judge are off until a config enables them. `LearnedReward` runs after
-the others and sees their fresh values as features.
+Correctness dominates. The correctness reward is `reference_answer` when the task has a known answer, else
+`task_completion`; by default each weighs more than all the rewards below it together:
+
+    code_execution 2, syntax 1, tool_success 2, efficiency 0.5, format 1   = 6.5 (8.5 with learned, judge at 1)
+    task_completion 10                                                     > 8.5
+    reference_answer 20                                                    > 10 + 8.5
+
+So the correctness reward carries more than half of any weighted mean it is part of, and, on one task, a wrong
+run (correctness 0) always scores below 0.5 and below a right run (correctness 1), whatever the style rewards
+and whichever of them returned None; TRL's weighted sum over `reward_funcs()` keeps the same order. A right
+run reaches the 0.6 threshold with the default rewards, whatever the style rewards say (at worst 10 / 16.5 =
+0.61), unless `task_completion` reports failure (0, which the gate labels bad anyway, or a toolboxv2 task
+share under 0.2) or weight was added (learned, judge, raised style weights) and all of it scored 0.
+
+The style weights are toolboxv2's; its correctness weights (task_completion 1.5, reference_answer 2), where
+style can outvote a right answer, are `config.TOOLBOXV2_WEIGHTS`, for reproducing its scores. Learned and
+judge are off until a config enables them. `LearnedReward` runs after the others and sees their fresh values
+as features.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from typing import Any
 from flowrl.errors import ConfigError
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.config import (
+    CORRECTNESS,
     DEFAULT_THRESHOLD,
     REGISTRY,
     EngineConfig,
@@ -37,7 +52,7 @@ from flowrl.schema import ExecutionTrace
 log = logging.getLogger(__name__)
 
 Results = dict[str, RewardResult]
-GATES = ("task_completion", "reference_answer")  # at 0, the run failed its task: never labelled good
+GATES = CORRECTNESS  # at 0, the run failed its task: never labelled good
 
 
 def _value(r: Any) -> float | None:
