@@ -44,6 +44,10 @@ def config(method: str, tiny: Path, tmp_path: Path, **kw: Any) -> TrainingConfig
     base = dict(method=method, dataset=data, base_model=str(tiny), output_dir=tmp_path / f"out-{method}",
                 max_steps=2, learning_rate=5e-3, max_completion_length=12, max_length=128, progress_bar=False,
                 save_steps=50)
+    if method == "grpo-offline":  # replays whole logged trajectories: the completion length comes from the data
+        base.pop("max_completion_length")
+    if method == "grpo":  # a random model never writes its end-of-turn token: keep its truncated completions
+        base["trl_args"] = {"mask_truncated_completions": False}
     base.update(kw)
     return TrainingConfig(**base)
 

@@ -1,4 +1,4 @@
-"""`flowrl build-dataset`: stored traces to a TRL dataset (DatasetDict on disk, JSONL, card)."""
+"""`flowrl build-dataset`: stored traces to a TRL dataset (DatasetDict on disk, JSONL, card); `flowrl dataset show`."""
 
 from __future__ import annotations
 
@@ -97,3 +97,45 @@ def _with_progress(pipeline, st, out, parquet, overwrite):  # type: ignore[no-un
 
 def register(app: typer.Typer) -> None:
     app.command("build-dataset")(build_dataset)
+    register_dataset_group(app)
+
+
+def show(
+    path: Path = typer.Argument(..., help="A dataset folder written by `flowrl build-dataset`."),
+    base_model: str | None = typer.Option(None, "--base-model", "-b", help="Model whose tokenizer encodes the row (default: the embedded SmolLM2)."),
+    row: int = typer.Option(0, "--row", "-r", help="Row number in the split."),
+    split: str = typer.Option("train", "--split", "-s", help="train or validation."),
+    method: str | None = typer.Option(None, "--method", "-m", help="Only for datasets without flowrl_dataset.json."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"input_ids", "loss_mask", "text"} (or {"sequences": [...]}) as JSON.'),
+) -> None:
+    """Show a row as the trainer sees it: its tokens, with the ones that carry loss highlighted."""
+    import json
+
+    from rich.text import Text
+
+    from flowrl.train.inspect import show_row
+
+    shown = show_row(path, base_model=base_model, row=row, split=split, method=method)
+    if as_json:
+        typer.echo(json.dumps(shown.to_json(), ensure_ascii=False))
+        return
+    for note in shown.notes:
+        err_console.print(f"note: {note}", highlight=False, markup=False)
+    for n, seq in enumerate(shown.sequences):
+        trained = sum(seq["loss_mask"])
+        console.print(f"{shown.method} {shown.split} row {shown.index} of {shown.rows}, sequence {n + 1} of "
+                      f"{len(shown.sequences)}: {len(seq['input_ids'])} tokens, {trained} with loss "
+                      f"({seq['source']})", style="bold", highlight=False, markup=False)
+        text = Text()
+        for token, mask in zip(seq["tokens"], seq["loss_mask"]):
+            text.append(token, style="bold green" if mask else "dim")
+        console.print(text, highlight=False)
+        console.print("")
+    console.print("green: loss (tokens the model generated in that run); dim: context, no loss", style="dim",
+                  highlight=False, markup=False)
+
+
+def register_dataset_group(app: typer.Typer) -> None:
+    group = typer.Typer(help="Look at built datasets.", no_args_is_help=True)
+    group.command("show")(show)
+    app.add_typer(group, name="dataset")

@@ -20,6 +20,7 @@ import orjson
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.conversation import message_chars, normalize_query
+from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 
 
@@ -51,6 +52,20 @@ def divergence(best: list[dict[str, Any]], worst: list[dict[str, Any]]) -> tuple
     return b, w
 
 
+def _step(conv: Any, index: int) -> int | None:
+    steps = conv.assistant_indices()
+    return steps.index(index) if index in steps else None
+
+
+def _captured_pair(best_trace: Any, best: Any, b: int, worst_trace: Any, worst: Any, w: int) -> dict[str, Any] | None:
+    """The ids of the two calls that wrote the chosen and the rejected turn, when both runs captured them."""
+    good, bad = aligned_calls(best_trace, len(best.assistant_indices())), aligned_calls(worst_trace, len(worst.assistant_indices()))
+    kb, kw = _step(best, b), _step(worst, w)
+    if not good or not bad or kb is None or kw is None:
+        return None
+    return {"chosen": good[kb].to_dict(), "rejected": bad[kw].to_dict()}
+
+
 @dataclass(kw_only=True)
 class DPODatasetBuilder(DatasetBuilder):
     method: ClassVar[str] = "dpo"
@@ -70,6 +85,7 @@ class DPODatasetBuilder(DatasetBuilder):
             "prompt": List(Json()), "chosen": List(Json()), "rejected": List(Json()), "tools": Json(),
             "group_id": Value("string"), "chosen_trace_id": Value("string"), "rejected_trace_id": Value("string"),
             "chosen_reward": Value("float64"), "rejected_reward": Value("float64"), "margin": Value("float64"),
+            "captured": Json(),
         })
 
     def group_rows(self, members: list[TraceInfo], load: Loader, stats: BuildStats) -> Iterator[dict[str, Any]]:
@@ -83,8 +99,8 @@ class DPODatasetBuilder(DatasetBuilder):
         if margin <= self.min_margin:
             stats.groups[f"dropped: reward margin <= {self.min_margin}"] += 1
             return
-        _, best = load(chosen)
-        _, worst = load(rejected)
+        best_trace, best = load(chosen)
+        worst_trace, worst = load(rejected)
         where = divergence(best.messages, worst.messages)
         if where is None:
             stats.groups["dropped: runs never differ at an assistant turn"] += 1
@@ -97,6 +113,7 @@ class DPODatasetBuilder(DatasetBuilder):
         stats.groups["used"] += 1
         yield {
             "prompt": prompt, "chosen": [good], "rejected": [bad], "tools": best.tools, "group_id": chosen.group_id,
+            "captured": _captured_pair(best_trace, best, b, worst_trace, worst, w),
             "chosen_trace_id": chosen.trace_id, "rejected_trace_id": rejected.trace_id,
             "chosen_reward": chosen.reward, "rejected_reward": rejected.reward, "margin": margin,
         }

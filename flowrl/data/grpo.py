@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.conversation import Conversation, fit_trajectory, message_chars
+from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.schema import ExecutionTrace
 
@@ -92,6 +93,7 @@ class GRPODatasetBuilder(DatasetBuilder):
                   "test_code": Value("string"), "agent_name": Value("string")}
         if self.offline:
             return Features({**common, "logged_completions": List(List(Json())), "logged_rewards": List(Value("float64")),
+                             "logged_tokens": List(Json()),
                              "trace_ids": List(Value("string")), "group_size": Value("int32"),
                              "reward_mean": Value("float64"), "reward_std": Value("float64")})
         return Features({**common, "trace_id": Value("string"), "n_traces": Value("int32"),
@@ -127,9 +129,9 @@ class GRPODatasetBuilder(DatasetBuilder):
         best_trace, best_conv = load(scored[0])
         prompt_chars = message_chars(best_conv.prompt)
         budget = None if self.max_chars is None else self.max_chars - prompt_chars
-        kept: list[tuple[TraceInfo, list[dict[str, Any]]]] = []
+        kept: list[tuple[TraceInfo, list[dict[str, Any]], Any]] = []
         for info in scored:
-            conv = best_conv if info is scored[0] else load(info)[1]
+            trace, conv = (best_trace, best_conv) if info is scored[0] else load(info)
             completion = conv.trajectory
             if budget is not None and message_chars(completion) > budget:
                 completion = fit_trajectory(completion, max(budget, 0))
@@ -137,15 +139,18 @@ class GRPODatasetBuilder(DatasetBuilder):
                     stats.dropped_too_long += 1
                     continue
                 stats.truncated += 1
-            kept.append((info, completion))
-        if not self._usable([info for info, _ in kept], stats):
+            calls = aligned_calls(trace, len(conv.assistant_indices()))
+            steps = sum(1 for m in completion if m["role"] == "assistant")
+            kept.append((info, completion, [c.to_dict() for c in calls[:steps]] if calls else None))
+        if not self._usable([info for info, _, _ in kept], stats):
             return
-        rewards = [float(info.reward) for info, _ in kept]  # type: ignore[arg-type]
+        rewards = [float(info.reward) for info, _, _ in kept]  # type: ignore[arg-type]
         stats.groups["used"] += 1
         yield {
             "prompt": best_conv.prompt, "tools": best_conv.tools, "group_id": scored[0].group_id,
             **task_columns(best_trace, best_conv, scored[0].label), "agent_name": best_trace.agent_name,
-            "logged_completions": [c for _, c in kept], "logged_rewards": rewards, "trace_ids": [i.trace_id for i, _ in kept],
+            "logged_completions": [c for _, c, _ in kept], "logged_rewards": rewards,
+            "logged_tokens": [t for _, _, t in kept], "trace_ids": [i.trace_id for i, _, _ in kept],
             "group_size": len(kept), "reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
         }
 

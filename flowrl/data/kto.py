@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from flowrl.data.base import DatasetBuilder, RowContext, effective_label
 from flowrl.data.conversation import Conversation, message_chars
+from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.schema import ExecutionTrace
 
@@ -63,7 +64,7 @@ class KTODatasetBuilder(DatasetBuilder):
         return Features({
             "prompt": List(Json()), "completion": List(Json()), "label": Value("bool"), "tools": Json(),
             "trace_id": Value("string"), "group_id": Value("string"), "step": Value("int32"),
-            "reward": Value("float64"), "label_source": Value("string"),
+            "reward": Value("float64"), "label_source": Value("string"), "captured": Json(),
         })
 
     def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
@@ -72,6 +73,7 @@ class KTODatasetBuilder(DatasetBuilder):
             ctx.stats.skip("unlabelled (no label, no reward)")
             return
         all_steps = conv.assistant_indices()
+        calls = aligned_calls(trace, len(all_steps))
         first = 0 if self.rows == "step" else max(0, len(all_steps) - 1)
         ctx.stats.label_sources[source] += 1
         prompt_chars = message_chars(conv.messages[: all_steps[first]]) if all_steps else 0
@@ -87,4 +89,5 @@ class KTODatasetBuilder(DatasetBuilder):
                 "prompt": conv.messages[:index], "completion": [completion], "label": label, "tools": conv.tools,
                 "trace_id": trace.trace_id, "group_id": ctx.group_id, "step": n,
                 "reward": trace.reward_score, "label_source": source,
+                "captured": {"call": calls[n].to_dict()} if calls else None,
             }

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.conversation import fit_trajectory, message_chars
+from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 
 
@@ -50,7 +51,8 @@ class SFTDatasetBuilder(DatasetBuilder):
         from datasets import Features, Json, List, Value
 
         return Features({"messages": List(Json()), "tools": Json(), "trace_id": Value("string"),
-                         "group_id": Value("string"), "reward": Value("float64")})
+                         "group_id": Value("string"), "reward": Value("float64"), "prompt_end": Value("int32"),
+                         "captured": Json()})
 
     def prepare(self, infos: list[TraceInfo], stats: BuildStats) -> None:
         if self.select != "top":
@@ -86,5 +88,9 @@ class SFTDatasetBuilder(DatasetBuilder):
                     stats.dropped_too_long += 1
                     continue
                 stats.truncated += 1
+            calls = aligned_calls(trace, len(conv.assistant_indices()))
+            kept_steps = sum(1 for m in trajectory if m["role"] == "assistant")
+            captured = {"calls": [c.to_dict() for c in calls[:kept_steps]]} if calls else None
             yield {"messages": conv.prompt + trajectory, "tools": conv.tools, "trace_id": trace.trace_id,
-                   "group_id": info.group_id, "reward": trace.reward_score}
+                   "group_id": info.group_id, "reward": trace.reward_score, "prompt_end": len(conv.prompt),
+                   "captured": captured}

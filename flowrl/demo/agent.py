@@ -63,11 +63,26 @@ FEW_SHOT: list[dict[str, Any]] = [
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
+@dataclass
+class Completion:
+    """A backend's reply. The token fields are what the model was given and what it sampled (end-of-turn
+    token included) with each sampled token's log-probability, when the backend knows them; capture records
+    them on the LLM call, so datasets train on exactly these ids (docs/datasets.md)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tokenizer: str | None = None
+
+
 class ChatBackend(Protocol):
     model_name: str
 
-    def complete(self, messages: list[dict[str, Any]]) -> tuple[str, int, int]:
-        """Return (text, prompt tokens, completion tokens)."""
+    def complete(self, messages: list[dict[str, Any]]) -> Completion | tuple[str, int, int]:
+        """Return a `Completion`, or (text, prompt tokens, completion tokens)."""
 
 
 @dataclass
@@ -87,6 +102,10 @@ class _ToolCall:
 class _AssistantMessage:
     content: str | None
     tool_calls: list[_ToolCall] = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tokenizer: str | None = None
 
 
 @dataclass
@@ -199,15 +218,19 @@ class ExampleAgent:
 
     async def a_run_llm_completion(self, messages: list[dict[str, Any]], tools: Any = None,
                                    get_response_message: bool = False, **kwargs: Any) -> Any:
-        text, n_in, n_out = await asyncio.to_thread(self.backend.complete, messages)
-        self.total_tokens_in += n_in
-        self.total_tokens_out += n_out
+        reply = await asyncio.to_thread(self.backend.complete, messages)
+        if not isinstance(reply, Completion):
+            reply = Completion(*reply)
+        text = reply.text
+        self.total_tokens_in += reply.prompt_tokens
+        self.total_tokens_out += reply.completion_tokens
         self.total_llm_calls += 1
         if not get_response_message:
             return text
         calls = parse_tool_calls(text)
         content = _TOOL_CALL.sub("", text).strip() or None
-        return _AssistantMessage(content if not calls else (content or None), calls)
+        return _AssistantMessage(content if not calls else (content or None), calls, reply.prompt_token_ids,
+                                 reply.token_ids, reply.logprobs, reply.tokenizer)
 
     async def arun_function(self, function_name: str, **kwargs: Any) -> Any:
         if function_name == "exec_code":

@@ -1,20 +1,25 @@
 """GRPO on logged groups: replay what the agent already did through TRL's `rollout_func`.
 
 TRL's GRPOTrainer asks `rollout_func(prompts, trainer)` for completions instead of generating them
-(peers.md §3). flowrl answers with the completions logged for that prompt (one group of an offline
-GRPO dataset), tokenized with the model's chat template, and forwards each one's logged reward; a
-pass-through reward function hands those rewards back to TRL, which then computes group-relative
-advantages and the clipped policy loss as usual.
+(peers.md §3). flowrl answers with the completions logged for that prompt (one group of an offline GRPO
+dataset) and forwards each one's logged reward; a pass-through reward function hands those rewards back to
+TRL, which computes group-relative advantages and the clipped policy loss as usual.
 
-What this assumes, and says in docs/training.md: **the logged completions are treated as if the current
-policy had sampled them** (on-policy). With `use_vllm=False` TRL takes the old log-probabilities from
-the current model, so the importance ratio starts at 1 and nothing corrects for the logs having come from
-another model or an older checkpoint. Completions that are unlikely under the current policy still get
-their full advantage; the further the policy is from the one that produced the logs, the less sound
-this is. Groups are replayed whole: each prompt maps to exactly `num_generations` logged completions.
+Every completion is the whole logged trajectory (assistant turns, tool calls, tool results, the final
+answer), encoded by `flowrl.data.encode`: the ids the model really sampled where the run captured them,
+else the base model's chat template (a prefix-preserving one, or TRL's training template of its family; a
+template that is neither stops the run with one line). Tool results and the headers between turns carry
+`env_mask` 0, so only tokens the model generated get loss, each turn's end-of-turn token included.
 
-Tool results inside a logged completion (role `tool`, or `user` turns after the first assistant turn)
-are kept in the sequence but masked out of the loss through `env_mask`.
+Lengths come from the data: `max_completion_length` is set to the longest encoded trajectory (a value the
+user gave that is smaller stops the run and names the length needed), and `mask_truncated_completions` is
+on, so a completion cut off at generation time (no end-of-turn token) gets no loss.
+
+Off-policy: when every completion of a generation batch carries the sampling log-probabilities the backend
+recorded, they go to TRL as `logprobs`, and `off_policy_mask_threshold` masks negative-advantage sequences
+that drifted too far from the policy that wrote them (DeepSeek-V3.2's sequence mask). Otherwise the logged
+completions are treated as if the current policy had sampled them (importance ratio 1), and the run log
+says so once.
 """
 
 from __future__ import annotations
@@ -49,11 +54,24 @@ def find_column(columns: list[str], candidates: tuple[str, ...], what: str) -> s
 
 
 @dataclass
+class Encoded:
+    """One logged trajectory as TRL gets it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    env_mask: list[int]
+    logprobs: list[float] | None
+    source: str
+
+
+@dataclass
 class Group:
     prompt: Any
     completions: list[Any]
     rewards: list[float]
     tools: Any = None
+    tokens: list[Any] | None = None
+    encoded: list[Encoded] | None = None
 
 
 @dataclass
@@ -94,8 +112,7 @@ def _spread(indices: list[int], rewards: list[float], k: int) -> list[int]:
 class OfflineGroups:
     """The logged groups of an offline GRPO dataset, ready to be replayed by GRPOTrainer."""
 
-    def __init__(self, rows: list[dict[str, Any]], num_generations: int, *, max_completion_length: int,
-                 drop_zero_variance: bool = True):
+    def __init__(self, rows: list[dict[str, Any]], num_generations: int, *, drop_zero_variance: bool = True):
         if not rows:
             raise ConfigError("the offline GRPO dataset is empty")
         columns = list(rows[0].keys())
@@ -104,7 +121,6 @@ class OfflineGroups:
         self.completions_col = find_column(columns, COMPLETION_COLUMNS, "logged completions")
         self.rewards_col = find_column(columns, REWARD_COLUMNS, "logged rewards")
         self.num_generations = num_generations
-        self.max_completion_length = max_completion_length
         self.stats = GroupStats(groups=len(rows))
         self.groups: dict[str, Group] = {}
         for row in rows:
@@ -129,11 +145,13 @@ class OfflineGroups:
                 # rollout_func sees only the prompt, so one prompt can stand for one group only
                 self.stats.duplicate_prompt += 1
                 continue
+            tokens = row.get("logged_tokens") or [None] * len(completions)
             self.groups[key] = Group(
                 prompt=row["prompt"],
                 completions=[completions[i] for i in keep],
                 rewards=[float(rewards[i]) for i in keep],  # type: ignore[arg-type]
                 tools=row.get("tools"),
+                tokens=[tokens[i] if i < len(tokens) else None for i in keep],
             )
         self.stats.used = len(self.groups)
         if not self.groups:
@@ -142,7 +160,37 @@ class OfflineGroups:
                 f"than {num_generations} scored completions, {self.stats.zero_variance} where every reward is equal): "
                 "lower --num-generations or log more runs per prompt"
             )
-        self._encoded: dict[tuple[str, int, int], tuple[list[int], list[int], list[int]]] = {}
+        self.encode_stats: Any = None
+        self._said_on_policy = False
+
+    # ------------------------------------------------------------------ encoding, once, before training
+
+    def encode(self, renderer: Any) -> None:
+        """Encode every logged trajectory with `renderer` (a `flowrl.data.tokens.ChatRenderer` of the base model)."""
+        from flowrl.data.encode import EncodeStats, trajectory_parts
+
+        stats = EncodeStats(render=renderer.stats)
+        for group in self.groups.values():
+            group.encoded = []
+            for completion, tokens in zip(group.completions, group.tokens or [None] * len(group.completions)):
+                p, c, m, logps, source = trajectory_parts(group.prompt, completion, tokens, group.tools, renderer, stats)
+                if not c:
+                    raise ConfigError(f"a logged trajectory of {str(group.prompt)[:80]} encodes to no completion token: "
+                                      "rebuild the dataset")
+                stats.sources[source] += 1
+                group.encoded.append(Encoded(p, c, m, logps, source))
+            stats.rows_in += 1
+        stats.rows_out = stats.rows_in
+        self.encode_stats = stats
+
+    @property
+    def longest_completion(self) -> int:
+        return max(len(e.completion_ids) for g in self.groups.values() for e in g.encoded or ())
+
+    @property
+    def with_logprobs(self) -> bool:
+        """Every logged completion carries its sampling log-probabilities."""
+        return all(e.logprobs is not None for g in self.groups.values() for e in g.encoded or ())
 
     # ------------------------------------------------------------------ what GRPOTrainer gets
 
@@ -157,28 +205,30 @@ class OfflineGroups:
     def rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         """TRL's rollout hook: `prompts` is this process's slice of the generation batch, each prompt repeated
         `num_generations` times in a row; the i-th copy of a prompt gets the i-th logged completion."""
-        tokenizer = getattr(trainer, "processing_class", None)
-        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
-        template_kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
         g = self.num_generations
         offset = trainer.accelerator.process_index * len(prompts)
-        prompt_ids, completion_ids, env_mask, rewards = [], [], [], []
+        picked: list[Encoded] = []
+        rewards = []
         for i, prompt in enumerate(prompts):
             key = prompt_key(prompt)
             group = self.groups.get(key)
-            if group is None:
-                raise RuntimeError(f"rollout_func got a prompt with no logged group: {key[:120]}")
+            if group is None or group.encoded is None:
+                raise RuntimeError(f"rollout_func got a prompt with no encoded logged group: {key[:120]}")
             index = (offset + i) % g
-            p_ids, c_ids, mask = self._encode(tokenizer, key, group, index, template_kwargs)
-            prompt_ids.append(p_ids)
-            completion_ids.append(c_ids)
-            env_mask.append(mask)
+            picked.append(group.encoded[index])
             rewards.append(group.rewards[index])
+        logprobs = None
+        if all(e.logprobs is not None for e in picked):
+            logprobs = [list(e.logprobs) for e in picked]  # type: ignore[arg-type]
+        elif not self._said_on_policy:
+            self._said_on_policy = True
+            log.warning("flowrl: offline GRPO: some logged completions have no sampling log-probabilities, so they are "
+                        "treated as if the current policy had sampled them (importance ratio 1, no off-policy correction)")
         return {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "logprobs": None,  # unknown for logs; TRL then uses the current policy's (ratio 1, see module doc)
-            "env_mask": env_mask,
+            "prompt_ids": [list(e.prompt_ids) for e in picked],
+            "completion_ids": [list(e.completion_ids) for e in picked],
+            "logprobs": logprobs,
+            "env_mask": [list(e.env_mask) for e in picked],
             FORWARDED_REWARD: rewards,
         }
 
@@ -189,75 +239,3 @@ class OfflineGroups:
         if values is None:
             return [None] * len(completions)
         return [None if v is None else float(v) for v in values]
-
-    # ------------------------------------------------------------------ tokenization
-
-    def _encode(self, tokenizer: Any, key: str, group: Group, index: int,
-                template_kwargs: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
-        cache_key = (key, index, id(tokenizer))
-        if cache_key not in self._encoded:
-            self._encoded[cache_key] = encode_pair(
-                tokenizer, group.prompt, group.completions[index], tools=group.tools,
-                max_completion_length=self.max_completion_length, template_kwargs=template_kwargs,
-            )
-        p, c, m = self._encoded[cache_key]
-        return list(p), list(c), list(m)
-
-
-def _ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
-         template_kwargs: dict[str, Any]) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=True, return_dict=True,
-        **template_kwargs,
-    )
-    ids = out["input_ids"]
-    return list(ids[0] if ids and isinstance(ids[0], list) else ids)
-
-
-def _text(completion: Any) -> str:
-    from flowrl.rewards.base import completion_text
-
-    return completion_text(completion)
-
-
-def encode_pair(tokenizer: Any, prompt: Any, completion: Any, *, tools: Any = None, max_completion_length: int,
-                template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int], list[int]]:
-    """Prompt ids, completion ids and the completion's model-token mask (1 = written by the model)."""
-    kwargs = template_kwargs or {}
-    eos = tokenizer.eos_token_id
-    conversational = isinstance(prompt, list)
-    if conversational:
-        prompt_ids = _ids(tokenizer, prompt, tools, True, kwargs)
-    else:
-        prompt_ids = tokenizer.encode(str(prompt), add_special_tokens=False)
-
-    completion_ids: list[int] | None = None
-    mask: list[int] = []
-    if conversational and isinstance(completion, list) and completion:
-        # Render the conversation one message at a time: each message's tokens are the new suffix, which is
-        # exact for prefix-preserving templates (ChatML and most others). Non-assistant messages get mask 0.
-        previous = prompt_ids
-        completion_ids = []
-        for n, message in enumerate(completion):
-            ids = _ids(tokenizer, prompt + completion[: n + 1], tools, False, kwargs)
-            if ids[: len(previous)] != previous:
-                completion_ids = None  # the template rewrites earlier turns: fall back to plain text
-                break
-            piece = ids[len(previous):]
-            completion_ids.extend(piece)
-            mask.extend([1 if message.get("role") == "assistant" else 0] * len(piece))
-            previous = ids
-    if completion_ids is None:
-        completion_ids = tokenizer.encode(_text(completion), add_special_tokens=False)
-        if eos is not None:
-            completion_ids.append(eos)
-        mask = [1] * len(completion_ids)
-
-    # End the sequence on the end-of-turn token (templates add a newline after it), then cut to length.
-    if eos is not None and eos in completion_ids:
-        last = len(completion_ids) - 1 - completion_ids[::-1].index(eos)
-        completion_ids, mask = completion_ids[: last + 1], mask[: last + 1]
-    completion_ids, mask = completion_ids[:max_completion_length], mask[:max_completion_length]
-    if not completion_ids:
-        completion_ids, mask = [eos if eos is not None else 0], [1]
-    return prompt_ids, completion_ids, mask

@@ -32,6 +32,8 @@ TRL_CLASSES: dict[str, tuple[str, str]] = {
 # GRPO's KL coefficient when the config does not set one: TRL 1.16 defaults to 0 (no reference pass, no KL
 # in the logs); flowrl keeps the DeepSeekMath value so the KL to the base model is both used and reported.
 DEFAULT_GRPO_BETA = 0.04
+# DeepSeek-V3.2's off-policy sequence mask (TRL's suggested 0.5): used when logged sampling logprobs exist
+OFF_POLICY_MASK_THRESHOLD = 0.5
 REPORTERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
 
 
@@ -108,7 +110,8 @@ def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, 
 
 def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir: Path, *,
                       desirable_weight: float | None = None, undesirable_weight: float | None = None,
-                      assistant_only_loss: bool = False, reward_weights: list[float] | None = None) -> dict[str, Any]:
+                      assistant_only_loss: bool = False, reward_weights: list[float] | None = None,
+                      off_policy_mask_threshold: float | None = None) -> dict[str, Any]:
     """The keyword arguments of TRL's config class (before `trl_args`); no TRL import, so testable anywhere."""
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
@@ -143,7 +146,10 @@ def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir:
             beta=DEFAULT_GRPO_BETA if config.beta is None else config.beta,
             use_vllm=False,
             log_completions=False,
+            mask_truncated_completions=True,  # a completion cut off before its end-of-turn token gets no loss
         )
+        if off_policy_mask_threshold is not None:
+            kwargs["off_policy_mask_threshold"] = off_policy_mask_threshold
         if reward_weights is not None:
             kwargs["reward_weights"] = reward_weights
     else:
@@ -171,17 +177,30 @@ def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]
     return funcs, [float(w) for w in weights]
 
 
-def template_marks_assistant_turns(model_path: str) -> bool:
-    """Whether the model's chat template has `{% generation %}` marks (what SFT's assistant-only loss needs)."""
-    transformers = require("transformers")
-    from trl.chat_template_utils import has_generation_markers
-
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    except Exception:  # noqa: BLE001 - any load problem surfaces later, in TRL, with its own message
+def is_conversational_data(data: LoadedData, method: str) -> bool:
+    column = {"sft": "messages", "kto": "prompt", "dpo": "prompt"}[method]
+    if column not in data.columns or not len(data.train):
         return False
-    template = tok.chat_template.get("default") if isinstance(tok.chat_template, dict) else tok.chat_template
-    return bool(template) and has_generation_markers(template)
+    return isinstance(data.train[0][column], list)
+
+
+def _datasets() -> Any:
+    return require("datasets")
+
+
+def _renderer(model_path: str) -> Any:
+    from flowrl.data.tokens import ChatRenderer
+
+    transformers = require("transformers")
+    return ChatRenderer(transformers.AutoTokenizer.from_pretrained(model_path), model=model_path)
+
+
+def _completion_length(config: TrainingConfig, settings: RunSettings, needed: int) -> RunSettings:
+    """Offline GRPO replays whole trajectories: the completion length is the data's longest, never a cut."""
+    if config.max_completion_length is not None and config.max_completion_length < needed:
+        raise ConfigError(f"--max-completion-length {config.max_completion_length} would cut logged trajectories: "
+                          f"the longest is {needed} tokens; pass --max-completion-length {needed} or more")
+    return dataclasses.replace(settings, max_completion_length=max(needed, config.max_completion_length or 0))
 
 
 def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path: str, data: LoadedData,
@@ -210,26 +229,53 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         args = trl_config(config, settings, output_dir, reward_weights=weights)
         kwargs["reward_funcs"] = funcs
     elif method == "grpo-offline":
-        groups = OfflineGroups(train.to_list(), settings.num_generations,
-                               max_completion_length=settings.max_completion_length)
+        groups = OfflineGroups(train.to_list(), settings.num_generations)
+        renderer = _renderer(model_path)
+        groups.encode(renderer)
         info["offline_groups"] = groups.stats.to_dict()
-        args = trl_config(config, settings, output_dir)
+        info["encoding"] = groups.encode_stats.to_dict()
+        settings = _completion_length(config, settings, groups.longest_completion)
+        threshold = None
+        if groups.with_logprobs and "off_policy_mask_threshold" not in config.trl_args:
+            threshold = OFF_POLICY_MASK_THRESHOLD
+        info["off_policy"] = ("sampling logprobs logged: off-policy sequence mask at "
+                              f"{threshold or config.trl_args.get('off_policy_mask_threshold')}" if groups.with_logprobs
+                              else "no sampling logprobs: logged completions treated as on-policy (ratio 1)")
+        args = trl_config(config, settings, output_dir, off_policy_mask_threshold=threshold)
         train = groups.train_dataset()
         kwargs.update(reward_funcs=[OfflineGroups.logged_reward], rollout_func=groups.rollout_func)
-    elif method == "kto":
+    elif method in ("kto", "sft", "dpo") and is_conversational_data(data, method):
+        # Token-faithful rows: captured ids where the runs have them, else the chat template, masks by flowrl
+        from flowrl.data.encode import encode_for_trl
+        from flowrl.train.pretokenized import pretokenized_trainer
+
+        rows, stats = encode_for_trl(method, train.to_list(), _renderer(model_path), max_length=settings.max_length)
+        info["encoding"] = stats.to_dict()
+        if not rows:
+            raise ConfigError(f"no row of {data.source} fits max_length={settings.max_length} tokens "
+                              f"({stats.rows_in} rows: {dict(stats.dropped)}): pass a larger --max-length")
+        if method == "sft" and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
+            rows = [{"input_ids": r["input_ids"], "assistant_masks": [1] * len(r["input_ids"])} for r in rows]
+        train = _datasets().Dataset.from_list(rows)
+        if method == "kto":
+            dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
+            uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
+            info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
+            args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
+        else:
+            args = trl_config(config, settings, output_dir)  # SFT: loss from the rows' assistant_masks
+        if method == "sft":
+            info["assistant_only_loss"] = config.assistant_only_loss is not False  # flowrl's masks: tokens generated in the run
+        if method in ("kto", "dpo"):
+            trainer_cls = pretokenized_trainer(method)
+    elif method == "kto":  # plain-text rows: TRL tokenizes them
         dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
         uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
         info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
         args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
-    elif method == "sft":
-        conversational = "messages" in data.columns
-        aol = config.assistant_only_loss
-        if aol is None:
-            aol = conversational and template_marks_assistant_turns(model_path)
-        info["assistant_only_loss"] = aol
-        args = trl_config(config, settings, output_dir, assistant_only_loss=aol)
-    else:
+    else:  # plain-text SFT or DPO rows: TRL tokenizes them
         args = trl_config(config, settings, output_dir)
+    info["rows_trained"] = len(train)
     kwargs.update(args=args, train_dataset=train)
     with warnings.catch_warnings():
         # rollout_func is documented as experimental; flowrl documents what its use assumes (offline_grpo.py)

@@ -1,0 +1,45 @@
+"""TRL's KTO and DPO trainers fed with rows that are already tokens.
+
+KTOTrainer and DPOTrainer always tokenize `prompt`/`completion` (`chosen`/`rejected`) themselves, with the
+chat template, and cannot take the ids the model really sampled. These subclasses change one thing: when
+the rows already hold `prompt_ids` and `completion_ids` (KTO) or `prompt_ids`, `chosen_ids` and
+`rejected_ids` (DPO), built by `flowrl.data.encode`, the tokenizing step is skipped. Everything after it is
+TRL's: KTO's KL pairs and class-balance check, the collators (loss on every completion token, none on the
+prompt), the losses. Over-long rows were already dropped and counted by flowrl, so TRL's own length filter
+finds nothing to drop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrl.errors import require
+
+PRE_TOKENIZED = {"kto": ("prompt_ids", "completion_ids"), "dpo": ("prompt_ids", "chosen_ids", "rejected_ids")}
+
+
+def _is_tokenized(dataset: Any, method: str) -> bool:
+    return set(PRE_TOKENIZED[method]) <= set(dataset.column_names)
+
+
+def pretokenized_trainer(method: str) -> type:
+    """A subclass of TRL's trainer for `method` ("kto" or "dpo") that accepts pre-tokenized rows."""
+    trl = require("trl")
+    base = trl.KTOTrainer if method == "kto" else trl.DPOTrainer
+
+    class PreTokenized(base):  # type: ignore[misc, valid-type]
+        def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
+            if not _is_tokenized(dataset, method):
+                return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+            if method == "kto" and getattr(self, "calculate_KL", False):
+                # TRL's own KL pairing (kto_trainer._prepare_dataset): completions rotated by one within a batch
+                def add_kl_completion_ids(examples: dict[str, Any]) -> dict[str, Any]:
+                    examples["KL_completion_ids"] = [examples["completion_ids"][-1]] + examples["completion_ids"][:-1]
+                    return examples
+
+                dataset = dataset.map(add_kl_completion_ids, batched=True, batch_size=args.per_device_train_batch_size)
+            return dataset
+
+    PreTokenized.__name__ = f"PreTokenized{base.__name__}"
+    PreTokenized.__qualname__ = PreTokenized.__name__
+    return PreTokenized

@@ -1,0 +1,124 @@
+"""Token sequences and loss masks: captured ids used exactly, merged Agent Lightning's way; template rows masked
+to the tokens generated in the run (never system, user, tool output or few-shot turns), end-of-turn included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+from helpers_tiny_model import tiny_tokenizer  # noqa: E402
+
+from flowrl.data.encode import EncodeStats, encode_for_trl, row_sequences  # noqa: E402
+from flowrl.data.tokens import CallTokens, ChatRenderer, TemplateError, aligned_calls, merge_calls  # noqa: E402
+from flowrl.schema import ExecutionTrace  # noqa: E402
+
+FEW_SHOT = [
+    {"role": "system", "content": "You are a calculator agent."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "FEWSHOT-ANSWER 5"},
+    {"role": "user", "content": "What is 12 * 7?"},
+]
+RUN = [
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "exec_code", "arguments": {"code": "print(12 * 7)"}}}]},
+    {"role": "tool", "tool_call_id": "c1", "name": "exec_code", "content": "TOOLOUT 84"},
+    {"role": "assistant", "content": "The answer is 84."},
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return tiny_tokenizer(["FEWSHOT-ANSWER", "TOOLOUT"])
+
+
+def _trained(tok: Any, ids: list[int], mask: list[int]) -> str:
+    return tok.decode([t for t, m in zip(ids, mask) if m])
+
+
+def test_merge_extends_only_where_the_next_prompt_starts_with_the_sequence() -> None:
+    a = CallTokens([1, 2, 3], [4, 5], [-0.1, -0.2], "t@x")
+    b = CallTokens([1, 2, 3, 4, 5, 6, 7], [8, 9], [-0.3, -0.4], "t@x")
+    (seq,) = merge_calls([a, b])
+    assert seq.input_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert seq.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+    assert seq.logprobs == [None, None, None, -0.1, -0.2, None, None, -0.3, -0.4]
+    drifted = CallTokens([1, 2, 3, 4, 99, 6], [8], None, "t@x")  # the history was re-tokenized differently
+    first, second = merge_calls([a, drifted])
+    assert first.input_ids == [1, 2, 3, 4, 5] and second.input_ids == [1, 2, 3, 4, 99, 6, 8]
+    assert second.loss_mask == [0, 0, 0, 0, 0, 0, 1]
+
+
+def test_template_sft_trains_only_this_runs_assistant_tokens(tok: Any) -> None:
+    renderer = ChatRenderer(tok)
+    seq = renderer.render(FEW_SHOT + RUN, train_from=len(FEW_SHOT))
+    trained = _trained(tok, seq.input_ids, seq.loss_mask)
+    assert "exec_code" in trained and "The answer is 84." in trained
+    for context in ("calculator agent", "What is", "FEWSHOT-ANSWER", "TOOLOUT", "<|im_start|>"):
+        assert context not in trained
+    assert trained.count("<|im_end|>") == 2  # each turn learns to stop
+    assert tok.decode(seq.input_ids) == tok.apply_chat_template(FEW_SHOT + RUN, tokenize=False)
+
+
+def test_kto_and_dpo_rows_end_on_the_end_of_turn_token(tok: Any) -> None:
+    renderer = ChatRenderer(tok)
+    prompt, completion = FEW_SHOT + RUN[:2], RUN[2:]
+    p, c, mask = renderer.prompt_completion(prompt, completion)
+    assert tok.decode(c) == "The answer is 84.<|im_end|>" and set(mask) == {1}
+    assert tok.decode(p).endswith("<|im_start|>assistant\n")
+    rows, stats = encode_for_trl("dpo", [{"prompt": prompt, "chosen": completion,
+                                          "rejected": [{"role": "assistant", "content": "83"}]}], renderer, max_length=None)
+    assert tok.decode(rows[0]["rejected_ids"]) == "83<|im_end|>" and stats.sources["template"] == 1
+
+
+def test_captured_ids_are_used_exactly_when_the_tokenizer_matches(tok: Any) -> None:
+    renderer = ChatRenderer(tok)
+    call = {"prompt_ids": [5, 6, 7], "completion_ids": [8, tok.eos_token_id], "logprobs": None,
+            "tokenizer": renderer.fingerprint}
+    row = {"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT), "captured": {"calls": [call]}}
+    (seq,) = row_sequences("sft", row, renderer, EncodeStats())
+    assert seq.input_ids == [5, 6, 7, 8, tok.eos_token_id] and seq.loss_mask == [0, 0, 0, 1, 1]
+    stats = EncodeStats(render=renderer.stats)
+    other = {**row, "captured": {"calls": [{**call, "tokenizer": "other@0000"}]}}
+    (seq,) = row_sequences("sft", other, renderer, stats)
+    assert seq.source == "template" and stats.render.counts["captured ids of another tokenizer"] == 1
+
+
+def test_a_run_with_a_redacted_call_is_not_token_faithful() -> None:
+    calls = [{"prompt_token_ids": [1, 2], "token_ids": [3], "tokenizer": "t@x"},
+             {"prompt_token_ids": None, "token_ids": None, "token_ids_dropped": "redacted"}]
+    trace = ExecutionTrace(llm_calls=calls)
+    assert aligned_calls(trace, 2) is None
+    trace = ExecutionTrace(llm_calls=calls[:1])
+    assert aligned_calls(trace, 1) is not None and aligned_calls(trace, 2) is None
+
+
+def test_a_template_that_drops_tool_calls_gets_them_as_text_and_says_so(tok: Any) -> None:
+    plain = tiny_tokenizer(["FEWSHOT-ANSWER", "TOOLOUT"])
+    plain.chat_template = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+                           "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    renderer = ChatRenderer(plain)
+    assert not renderer.renders_tool_calls
+    seq = renderer.render(FEW_SHOT + RUN, train_from=len(FEW_SHOT))
+    assert '<tool_call>{"name": "exec_code"' in _trained(plain, seq.input_ids, seq.loss_mask)
+    assert renderer.stats.counts["tool calls written as text"] == 1
+
+
+def test_a_template_that_is_not_prefix_preserving_and_has_no_training_version_stops(tok: Any) -> None:
+    odd = tiny_tokenizer()
+    # renders the last message differently from earlier ones: not prefix-preserving, unknown to TRL
+    odd.chat_template = ("{%- for m in messages %}{%- if loop.last %}{{- 'LAST:' }}{%- endif %}"
+                         "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endfor %}"
+                         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    renderer = ChatRenderer(odd, model="my/odd-model")
+    with pytest.raises(TemplateError, match="my/odd-model is not prefix-preserving.*capture token ids"):
+        renderer.render(FEW_SHOT + RUN[2:], train_from=len(FEW_SHOT))
+
+
+def test_over_long_rows_are_dropped_and_counted_not_cut(tok: Any) -> None:
+    renderer = ChatRenderer(tok)
+    rows, stats = encode_for_trl("sft", [{"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT)}], renderer,
+                                 max_length=10)
+    assert rows == [] and stats.dropped == {"longer than max_length 10": 1}
