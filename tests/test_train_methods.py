@@ -76,6 +76,8 @@ def test_each_method_trains_two_steps_and_the_adapter_changes_outputs(method: st
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     trained, _ = load_for_inference(ResolvedModel(spec=str(out), path=str(tiny), adapter=str(out)), device="cpu")
     assert not torch.allclose(logits(base, tokenizer), logits(trained, tokenizer), atol=1e-6)
+    if method in ("kto", "sft", "dpo", "grpo-offline"):  # conversational rows: tokenized by flowrl, masks included
+        assert result.info["encoding"]["sequence_sources"] == {"template": 8 if method != "grpo-offline" else 16}  # 4 groups of 4 there
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("summary")]
