@@ -122,3 +122,34 @@ def test_over_long_rows_are_dropped_and_counted_not_cut(tok: Any) -> None:
     rows, stats = encode_for_trl("sft", [{"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT)}], renderer,
                                  max_length=10)
     assert rows == [] and stats.dropped == {"longer than max_length 10": 1}
+
+
+def test_a_build_over_the_token_budget_lists_each_dropped_row(tmp_path: Any, tok: Any) -> None:
+    """Issue 21: rows are measured in the target model's tokens; each dropped row is in the card and metadata."""
+    import json
+
+    from flowrl.data import DatasetPipeline, KTODatasetBuilder
+    from flowrl.data.encode import TokenBudget
+
+    traces = [ExecutionTrace(trace_id=f"t{i}", user_query=f"q{i}", label=True, reward_score=0.9,
+                             messages=[{"role": "user", "content": f"q{i}"},
+                                       {"role": "assistant", "content": "long answer " * (40 if i == 1 else 1)}])
+              for i in range(3)]
+    budget = TokenBudget("kto", ChatRenderer(tok, model="tiny"), max_length=60)
+    result = DatasetPipeline(KTODatasetBuilder(), val_fraction=0.0, budget=budget).build(traces, tmp_path / "ds")
+    assert result.counts == {"train": 2}
+    meta = json.loads((tmp_path / "ds" / "flowrl_dataset.json").read_text())
+    (dropped,) = meta["stats"]["dropped_rows"]
+    assert dropped["trace_ids"] == ["t1"] and dropped["tokens"] > 60
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert "Token budget: 60 tokens of `tiny`" in card and "| train | t1 |" in card
+    assert any("1 rows over it dropped" in line for line in result.summary_lines())
+
+
+def test_the_run_record_lists_rows_dropped_at_training(tok: Any) -> None:
+    renderer = ChatRenderer(tok)
+    rows = [{"trace_id": "short", "messages": FEW_SHOT + RUN[2:], "prompt_end": len(FEW_SHOT)},
+            {"trace_id": "long", "messages": FEW_SHOT + [{"role": "assistant", "content": "x " * 300}],
+             "prompt_end": len(FEW_SHOT)}]
+    out, stats = encode_for_trl("sft", rows, renderer, max_length=200)
+    assert len(out) == 1 and stats.to_dict()["dropped_rows"][0]["trace_ids"] == ["long"]

@@ -32,6 +32,8 @@ def build_dataset(
     val_fraction: float = typer.Option(0.1, help="Share of tasks (groups) held out for validation; 0 for none."),
     seed: int = typer.Option(0, help="Seed of the split and of KTO's shuffle."),
     max_chars: int = typer.Option(32000, help="Length budget of a row in characters (0: none); truncations are counted."),
+    base_model: str | None = typer.Option(None, "--base-model", "-b", help="Measure rows in this model's tokens and drop (and list) those over --max-length."),
+    max_length: int = typer.Option(1024, "--max-length", help="Token budget per sequence with --base-model (default: the CPU training profile's 1024)."),
     arguments: str = typer.Option("dict", help="Tool-call arguments as dict (HF templates) or string (OpenAI)."),
     parquet: bool = typer.Option(False, "--parquet", help="Also write data/{split}.parquet."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a dataset already in --out."),
@@ -66,8 +68,13 @@ def build_dataset(
         builder = dataclasses.replace(builder, **given)
     filters = DatasetFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, source=source,
                             min_reward=min_reward, max_reward=max_reward, label_source=label_source, dedupe=dedupe)
+    budget = None
+    if base_model is not None:
+        from flowrl.train.inspect import token_budget
+
+        budget = token_budget(builder.method, base_model, max_length)
     pipeline = DatasetPipeline(builder, filters=filters, group_by=group_by, similarity=similarity,  # type: ignore[arg-type]
-                               embedding_model=embedding_model, val_fraction=val_fraction, seed=seed)
+                               embedding_model=embedding_model, val_fraction=val_fraction, seed=seed, budget=budget)
     st = open_store(store)
     if quiet:
         result = pipeline.build(st, out, parquet=parquet, overwrite=overwrite)

@@ -104,6 +104,8 @@ class BuildStats:
     without_tool_calls: int = 0
     reward_hist: list[int] = field(default_factory=lambda: [0] * HIST_BINS)
     no_reward: int = 0
+    token_budget: dict[str, Any] | None = None  # {"model", "max_length"} when rows were measured in tokens
+    dropped_rows: list[dict[str, Any]] = field(default_factory=list)  # each row over the token budget
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] += n
@@ -126,6 +128,7 @@ class BuildStats:
             "groups": dict(self.groups), "truncated": self.truncated, "dropped_too_long": self.dropped_too_long,
             "synthesized_conversations": self.synthesized, "traces_without_tool_calls": self.without_tool_calls,
             "reward_histogram": {"bins": HIST_BINS, "counts": self.reward_hist, "no_reward": self.no_reward},
+            "token_budget": self.token_budget, "dropped_rows": list(self.dropped_rows),
         }
 
 

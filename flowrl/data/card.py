@@ -35,6 +35,19 @@ def _table(rows: list[tuple[Any, ...]], head: tuple[str, ...]) -> list[str]:
     return out
 
 
+def _token_budget(stats: dict[str, Any]) -> list[str]:
+    budget = stats.get("token_budget")
+    if not budget:
+        return ["Rows were not measured in tokens (build with `--base-model M` to drop rows over `--max-length`).", ""]
+    rows = stats.get("dropped_rows") or []
+    lines = [f"Token budget: {budget['max_length']} tokens of `{budget['model']}` per sequence; "
+             f"rows over it dropped: {len(rows)}.", ""]
+    if rows:
+        lines += _table([(r["split"], ", ".join(r["trace_ids"]), r["tokens"]) for r in rows],
+                        ("split", "trace ids", "tokens")) + [""]
+    return lines
+
+
 def render_card(meta: dict[str, Any]) -> str:
     stats = meta["stats"]
     method = meta["method"]
@@ -71,6 +84,7 @@ def render_card(meta: dict[str, Any]) -> str:
         f"Rows truncated at an assistant-turn boundary: {stats['truncated']}; rows dropped as too long: "
         f"{stats['dropped_too_long']}.",
         "",
+        *_token_budget(stats),
         "## Label balance",
         "",
     ]

@@ -39,6 +39,12 @@ NOT_MERGED = "captured calls do not merge into one sequence: rendered with the c
 PROMPTS_DIFFER = "chosen and rejected were sampled from different prompt ids: rendered with the chat template"
 
 
+def row_trace_ids(row: dict[str, Any]) -> list[str]:
+    """The traces a dataset row was built from."""
+    ids = [row[k] for k in ("trace_id", "chosen_trace_id", "rejected_trace_id") if row.get(k)]
+    return ids + list(row.get("trace_ids") or ())
+
+
 @dataclass
 class EncodeStats:
     rows_in: int = 0
@@ -46,10 +52,16 @@ class EncodeStats:
     sources: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
     render: RenderStats = field(default_factory=RenderStats)
+    dropped_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def drop(self, index: int, row: dict[str, Any], reason: str, tokens: int) -> None:
+        self.dropped[reason] += 1
+        self.dropped_rows.append({"row": index, "trace_ids": row_trace_ids(row), "tokens": tokens, "reason": reason})
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows_in": self.rows_in, "rows_out": self.rows_out, "sequence_sources": dict(self.sources),
-                "dropped": dict(self.dropped), "rendering": self.render.to_dict()}
+                "dropped": dict(self.dropped), "dropped_rows": list(self.dropped_rows),
+                "rendering": self.render.to_dict()}
 
 
 def _captured_ok(renderer: ChatRenderer, tokenizer_fp: str | None, stats: EncodeStats) -> bool:
@@ -172,32 +184,55 @@ def encode_for_trl(method: str, rows: list[dict[str, Any]], renderer: ChatRender
     stats = stats or EncodeStats(render=renderer.stats)
     out: list[dict[str, Any]] = []
     too_long = f"longer than max_length {max_length}"
-    for row in rows:
+    for index, row in enumerate(rows):
         stats.rows_in += 1
         if method == "sft":
             for seq in sft_sequences(row, renderer, stats):
                 stats.sources[seq.source] += 1
                 if max_length is not None and len(seq) > max_length:
-                    stats.dropped[too_long] += 1
+                    stats.drop(index, row, too_long, len(seq))
                 elif not seq.trained:
-                    stats.dropped["no generated tokens"] += 1
+                    stats.drop(index, row, "no generated tokens", len(seq))
                 else:
                     out.append({"input_ids": seq.input_ids, "assistant_masks": seq.loss_mask})
         elif method == "kto":
             p, c, source = kto_parts(row, renderer, stats)
             stats.sources[source] += 1
             if max_length is not None and len(p) + len(c) > max_length:
-                stats.dropped[too_long] += 1
+                stats.drop(index, row, too_long, len(p) + len(c))
             else:
                 out.append({"prompt_ids": p, "completion_ids": c, "label": bool(row["label"])})
         elif method == "dpo":
             p, c, r, source = dpo_parts(row, renderer, stats)
             stats.sources[source] += 1
             if max_length is not None and len(p) + max(len(c), len(r)) > max_length:
-                stats.dropped[too_long] += 1
+                stats.drop(index, row, too_long, len(p) + max(len(c), len(r)))
             else:
                 out.append({"prompt_ids": p, "chosen_ids": c, "rejected_ids": r})
         else:
             raise ValueError(f"encode_for_trl does not take {method!r}")
     stats.rows_out = len(out)
     return out, stats
+
+
+# ------------------------------------------------------------------------------------------------
+# the token budget of a build
+
+
+class TokenBudget:
+    """Measures built rows in tokens of the target model (what `flowrl train` will feed it) and says which
+    rows exceed `max_length`: `build-dataset --base-model M --max-length N`."""
+
+    def __init__(self, method: str, renderer: ChatRenderer, max_length: int) -> None:
+        self.method = method
+        self.renderer = renderer
+        self.max_length = max_length
+        self.stats = EncodeStats(render=renderer.stats)
+
+    def length(self, row: dict[str, Any]) -> int:
+        """The longest sequence the row stands for, in tokens (an online GRPO row: its prompt)."""
+        return max((len(s) for s in row_sequences(self.method, row, self.renderer, self.stats)), default=0)
+
+    def fits(self, row: dict[str, Any]) -> tuple[bool, int]:
+        n = self.length(row)
+        return n <= self.max_length, n

@@ -31,6 +31,7 @@ from flowrl import __version__
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
 from flowrl.data.conversation import Conversation, trace_conversation
+from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
 from flowrl.data.kto import kto_weights
 from flowrl.data.sinks import DiskSink, MemorySink
@@ -74,6 +75,9 @@ class BuildResult:
                          f"undesirable_weight={self.metadata['undesirable_weight']}")
         if s.truncated or s.dropped_too_long:
             lines.append(f"length budget: {s.truncated} rows truncated, {s.dropped_too_long} rows dropped as too long")
+        if s.token_budget:
+            lines.append(f"token budget: {s.token_budget['max_length']} tokens of {s.token_budget['model']}; "
+                         f"{len(s.dropped_rows)} rows over it dropped (each listed in the card)")
         dropped = {k: v for k, v in s.groups.items() if k != "used"}
         if s.groups:
             lines.append(f"groups: {s.groups.get('used', 0)} used" + "".join(f", {v} {k}" for k, v in dropped.items()))
@@ -127,17 +131,22 @@ class _Source:
 class DatasetPipeline:
     """Runs one builder over a store with filters, grouping, deduplication and the train/validation split."""
 
-    OPTIONS = ("filters", "group_by", "similarity", "embedding_model", "embedder", "val_fraction", "seed")
+    OPTIONS = ("filters", "group_by", "similarity", "embedding_model", "embedder", "val_fraction", "seed", "budget")
 
     def __init__(self, builder: DatasetBuilder, *, filters: DatasetFilter | None = None, group_by: GroupBy = "query",
                  similarity: float = 0.9, embedding_model: str | None = None, embedder: Embedder | None = None,
-                 val_fraction: float = 0.1, seed: int = 0) -> None:
+                 val_fraction: float = 0.1, seed: int = 0, budget: Any = None) -> None:
+        """`budget` (a `flowrl.data.encode.TokenBudget`) measures rows in the target model's tokens: rows over
+        its `max_length` are dropped, each one listed in the card and `flowrl_dataset.json`."""
         self.builder = builder
+        self.budget = budget
         self.filters = filters or DatasetFilter()
         self.grouper = Grouper(group_by, similarity, embedding_model, embedder)
         self.val_fraction = check_fraction(val_fraction)
         self.seed = seed
         self.stats = BuildStats()
+        if budget is not None:
+            self.stats.token_budget = {"model": budget.renderer.model, "max_length": budget.max_length}
 
     # -- entry points ---------------------------------------------------------------------------
     def build(self, source: TraceStore | Iterable[ExecutionTrace], out: str | Path, *, parquet: bool = False,
@@ -252,10 +261,17 @@ class DatasetPipeline:
             split = split_for(group_id, self.val_fraction, self.seed)
             for row in self.builder.group_rows(groups[group_id], load, self.stats):
                 self._add(sink, split, row)
-                used.update(_row_trace_ids(row))
+                used.update(row_trace_ids(row))
         self.stats.traces_used = len(used)
 
     def _add(self, sink: DiskSink | MemorySink, split: str, row: dict[str, Any]) -> None:
+        if self.budget is not None:
+            fits, tokens = self.budget.fits(row)
+            if not fits:
+                self.stats.dropped_too_long += 1
+                self.stats.dropped_rows.append({"split": split, "trace_ids": row_trace_ids(row), "tokens": tokens,
+                                                "reason": f"longer than {self.budget.max_length} tokens"})
+                return
         sink.add(split, row)
         self.stats.rows[split] += 1
         if "label" in row:
@@ -303,11 +319,6 @@ class DatasetPipeline:
             train = self.stats.labels.get(TRAIN, Counter())
             meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(train.get("true", 0), train.get("false", 0))
         return meta
-
-
-def _row_trace_ids(row: dict[str, Any]) -> list[str]:
-    ids = [row[k] for k in ("trace_id", "chosen_trace_id", "rejected_trace_id") if row.get(k)]
-    return ids + list(row.get("trace_ids") or ())
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:

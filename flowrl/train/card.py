@@ -61,7 +61,8 @@ def render_training_card(record: dict[str, Any], rows: list[dict[str, Any]]) -> 
         "",
         "## Data",
         "",
-        f"- dataset: `{data['source']}` ({data['rows']} training rows)",
+        f"- dataset: `{data['source']}` ({data['rows']} training rows in the dataset, "
+        f"{(res.get('info') or {}).get('rows_trained', data['rows'])} trained after length checks)",
         f"- built for: {data['meta'].get('method', 'unknown')}"
         + (f", by flowrl {data['meta']['flowrl_version']}" if data["meta"].get("flowrl_version") else ""),
     ]

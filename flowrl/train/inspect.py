@@ -68,3 +68,17 @@ def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, s
                       "text": tokenizer.decode(seq.input_ids),
                       "tokens": [tokenizer.decode([t]) for t in seq.input_ids]})
     return ShownRow(method, split, row, len(dataset), shown, list(renderer.stats.notes))
+
+
+def token_budget(method: str, base_model: str, max_length: int) -> Any:
+    """A `TokenBudget` for `build-dataset --base-model M --max-length N`."""
+    from flowrl.data.encode import TokenBudget
+    from flowrl.data.tokens import ChatRenderer
+    from flowrl.train.models import resolve_model
+
+    if max_length < 8:
+        raise ConfigError(f"--max-length {max_length}: use at least 8 tokens")
+    resolved = resolve_model(base_model)
+    transformers = require("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolved.path)
+    return TokenBudget(method, ChatRenderer(tokenizer, model=resolved.spec), max_length)

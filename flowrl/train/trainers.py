@@ -275,10 +275,24 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
     else:  # plain-text SFT or DPO rows: TRL tokenizes them
         args = trl_config(config, settings, output_dir)
-    info["rows_trained"] = len(train)
+    given = len(train)
     kwargs.update(args=args, train_dataset=train)
     with warnings.catch_warnings():
         # rollout_func is documented as experimental; flowrl documents what its use assumes (offline_grpo.py)
         warnings.filterwarnings("ignore", message=".*rollout_func.*experimental.*")
         trainer = trainer_cls(**kwargs)
+    info["rows_trained"] = _rows_after_trl(trainer, given, info)
     return trainer, info
+
+
+def _rows_after_trl(trainer: Any, given: int, info: dict[str, Any]) -> int:
+    """Rows TRL kept after its own preparation (it drops rows whose prompt alone fills max_length): counted."""
+    try:
+        kept = len(trainer.train_dataset)
+    except TypeError:  # an iterable dataset has no length
+        return given
+    if kept < given:
+        info["dropped_by_trl"] = given - kept
+        log.warning("flowrl: TRL dropped %d of %d rows while preparing them (prompt longer than max_length): "
+                    "pass a larger --max-length to keep them", given - kept, given)
+    return kept
