@@ -16,22 +16,23 @@ from flowrl.data.pipeline import METADATA_FILE, BuildResult, DatasetError, Datas
 from flowrl.data.sft import SFTDatasetBuilder
 from flowrl.data.split import split_for
 
-METHODS: tuple[str, ...] = ("kto", "grpo", "grpo-offline", "sft", "dpo")
-
 
 def make_builder(method: str, **options: object) -> DatasetBuilder:
-    """The builder for a method name (`kto`, `grpo`, `grpo-offline`, `sft`, `dpo`)."""
-    from flowrl.errors import ConfigError
+    """The builder of a method in the method table (`flowrl.methods`), with its fixed options."""
+    from flowrl.methods import get_method
 
-    if method == "kto":
-        return KTODatasetBuilder(**options)  # type: ignore[arg-type]
-    if method in ("grpo", "grpo-offline"):
-        return GRPODatasetBuilder(offline=method == "grpo-offline", **options)  # type: ignore[arg-type]
-    if method == "sft":
-        return SFTDatasetBuilder(**options)  # type: ignore[arg-type]
-    if method == "dpo":
-        return DPODatasetBuilder(**options)  # type: ignore[arg-type]
-    raise ConfigError(f"method {method!r}: use one of {', '.join(METHODS)}")
+    spec = get_method(method)
+    builder = spec.builder_class()(**spec.builder_options, **options)
+    builder.method_name = spec.name  # a method may reuse another's builder: the dataset says which method
+    return builder
+
+
+def __getattr__(name: str) -> object:
+    if name == "METHODS":  # the method table's names, as registered now
+        from flowrl.methods import method_names
+
+        return method_names()
+    raise AttributeError(name)
 
 
 __all__ = [

@@ -6,13 +6,13 @@ from typing import Any
 
 BAR = 40
 
-_FORMATS = {
-    "kto": "unpaired preference: `prompt` / `completion` / `label` (conversational), for TRL's `KTOTrainer`",
-    "grpo": "prompt-only: `prompt` (conversational) plus reward-function columns, for TRL's `GRPOTrainer`",
-    "grpo-offline": "logged groups: `prompt`, `logged_completions`, `logged_rewards`, for a `GRPOTrainer` `rollout_func` replay",
-    "sft": "language modelling: `messages` (+ `tools`), for TRL's `SFTTrainer` with `assistant_only_loss=True`",
-    "dpo": "preference: `prompt` / `chosen` / `rejected` (conversational), for TRL's `DPOTrainer`",
-}
+
+
+def _format(method: str) -> str:
+    from flowrl.methods import METHODS
+
+    spec = METHODS.get(method)
+    return spec.card_format if spec is not None else method
 
 
 def histogram_lines(counts: list[int], no_reward: int = 0) -> list[str]:
@@ -59,7 +59,7 @@ def render_card(meta: dict[str, Any]) -> str:
         f"# flowrl {method} dataset",
         "",
         f"Built by flowrl {meta['flowrl_version']} on {meta['created']} from `{meta['store']}`.",
-        f"Format: {_FORMATS.get(method, method)}. Row format and options: flowrl's docs/datasets.md.",
+        f"Format: {_format(method)}. Row format and options: flowrl's docs/datasets.md.",
         "",
         "Load it with `datasets.load_from_disk(\"<this folder>\")`; the same rows are in `data/*.jsonl`.",
         "",

@@ -139,6 +139,7 @@ class DatasetPipeline:
         """`budget` (a `flowrl.data.encode.TokenBudget`) measures rows in the target model's tokens: rows over
         its `max_length` are dropped, each one listed in the card and `flowrl_dataset.json`."""
         self.builder = builder
+        self.method = getattr(builder, "method_name", None) or builder.method
         self.budget = budget
         self.filters = filters or DatasetFilter()
         self.grouper = Grouper(group_by, similarity, embedding_model, embedder)
@@ -173,7 +174,7 @@ class DatasetPipeline:
         (out / METADATA_FILE).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
         (out / "README.md").write_text(render_card(metadata), encoding="utf-8")
         problems = list(src.store.problems) if src.store is not None else []
-        return BuildResult(out, self.builder.method, counts, self.stats, metadata,
+        return BuildResult(out, self.method, counts, self.stats, metadata,
                            time.perf_counter() - started, problems)
 
     def to_dataset_dict(self, source: TraceStore | Iterable[ExecutionTrace]) -> Any:
@@ -290,7 +291,7 @@ class DatasetPipeline:
             reasons = "; ".join(f"{n} {k}" for k, n in {**self.stats.skipped, **{
                 k: v for k, v in self.stats.groups.items() if k not in ("used", "total")}}.items())
             too_long = f"; {self.stats.dropped_too_long} rows over the length budget" if self.stats.dropped_too_long else ""
-            raise DatasetError(f"no {self.builder.method} rows from {self.stats.traces_read} traces under {where} "
+            raise DatasetError(f"no {self.method} rows from {self.stats.traces_read} traces under {where} "
                                f"(filters: {shown}): {reasons or 'nothing usable'}{too_long}")
         if TRAIN not in counts and VALIDATION in counts:
             raise DatasetError(f"every task fell into the validation split ({counts[VALIDATION]} rows): "
@@ -299,7 +300,7 @@ class DatasetPipeline:
 
     def _metadata(self, counts: dict[str, int], src: _Source | None, parquet: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {
-            "method": self.builder.method,
+            "method": self.method,
             "flowrl_version": __version__,
             "created": datetime.now().isoformat(timespec="seconds"),
             "store": src.describe() if src is not None else None,
@@ -315,7 +316,7 @@ class DatasetPipeline:
                       "parquet": [f"data/{k}.parquet" for k in counts] if parquet else []},
             "stats": self.stats.to_dict(),
         }
-        if self.builder.method == "kto":
+        if self.method == "kto":
             train = self.stats.labels.get(TRAIN, Counter())
             meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(train.get("true", 0), train.get("false", 0))
         return meta

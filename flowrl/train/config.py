@@ -18,20 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flowrl.errors import ConfigError
 
-Method = Literal["grpo", "grpo-offline", "kto", "sft", "dpo"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
-METHODS: tuple[str, ...] = ("grpo", "grpo-offline", "kto", "sft", "dpo")
 DEFAULT_BASE_MODEL = "smollm2-135m"
 
-# Learning rates for LoRA adapters (full fine-tuning wants ten times less): TRL's own defaults (1e-6) are for
-# full-weight updates and barely move a rank-16 adapter in a short run.
-DEFAULT_LEARNING_RATES: dict[str, float] = {
-    "grpo": 1e-5,
-    "grpo-offline": 1e-5,
-    "kto": 5e-5,
-    "dpo": 5e-5,
-    "sft": 2e-4,
-}
 
 
 class _Strict(BaseModel):
@@ -51,7 +40,7 @@ class LoraSettings(_Strict):
 class TrainingConfig(_Strict):
     """One training run. Paths are kept as given; `None` fields are filled from the hardware profile."""
 
-    method: Method
+    method: str  # a name in the method table (flowrl.methods)
     dataset: Path
     base_model: str = DEFAULT_BASE_MODEL
     output_dir: Path | None = None
@@ -111,9 +100,12 @@ class TrainingConfig(_Strict):
     @field_validator("method", mode="before")
     @classmethod
     def _method_alias(cls, value: Any) -> Any:
+        from flowrl.methods import METHODS, canonical_method
+
         if isinstance(value, str):
-            value = value.strip().lower().replace("_", "-")
-            return {"grpo-online": "grpo", "offline-grpo": "grpo-offline"}.get(value, value)
+            value = canonical_method(value)
+            if value not in METHODS:
+                raise ValueError(f"unknown method {value!r}: use one of {', '.join(METHODS)}")
         return value
 
     @model_validator(mode="after")
@@ -134,7 +126,9 @@ class TrainingConfig(_Strict):
     def resolved_learning_rate(self) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        rate = DEFAULT_LEARNING_RATES[self.method]
+        from flowrl.methods import get_method
+
+        rate = get_method(self.method).learning_rate
         return rate if self.lora.enabled else rate / 10
 
     # ------------------------------------------------------------------ construction

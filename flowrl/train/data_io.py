@@ -21,14 +21,6 @@ log = logging.getLogger(__name__)
 META_FILE = "flowrl_dataset.json"
 EVAL_SPLITS = ("validation", "eval", "test")
 
-# columns each method needs (any one of the alternatives in a tuple)
-REQUIRED_COLUMNS: dict[str, list[tuple[str, ...]]] = {
-    "grpo": [("prompt",)],
-    "grpo-offline": [("prompt",)],
-    "kto": [("prompt",), ("completion",), ("label",)],
-    "dpo": [("chosen",), ("rejected",)],
-    "sft": [("messages", "text", "prompt")],
-}
 
 
 @dataclass
@@ -99,8 +91,10 @@ def load_dataset_dir(path: Path | str) -> LoadedData:
 
 def check_for_method(data: LoadedData, method: str) -> None:
     """Refuse a dataset built for another method, or one without the columns TRL needs, with a clear line."""
-    built_for = str(data.meta.get("method") or "").lower().replace("_", "-")
-    if built_for and built_for != method and not (built_for in ("grpo-online",) and method == "grpo"):
+    from flowrl.methods import canonical_method, get_method
+
+    built_for = canonical_method(str(data.meta.get("method") or "")) if data.meta.get("method") else ""
+    if built_for and built_for != method:
         raise ConfigError(
             f"dataset {data.source} was built for {built_for}, not {method}: "
             f"train with --method {built_for} or build a {method} dataset"
@@ -108,7 +102,7 @@ def check_for_method(data: LoadedData, method: str) -> None:
     if len(data.train) == 0:
         raise ConfigError(f"dataset {data.source} has no training rows")
     columns = set(data.columns)
-    for options in REQUIRED_COLUMNS[method]:
+    for options in get_method(method).required_columns:
         if not columns.intersection(options):
             raise ConfigError(
                 f"dataset {data.source} lacks the column {' or '.join(options)} that {method} needs "

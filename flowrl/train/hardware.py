@@ -199,7 +199,10 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         raise ConfigError("4-bit loading (QLoRA) needs a CUDA GPU and bitsandbytes: `pip install bitsandbytes`, or drop it")
 
     generations = config.num_generations or prof.num_generations
-    if config.method == "grpo" or config.method == "grpo-offline":
+    from flowrl.methods import get_method
+
+    spec = get_method(config.method)
+    if spec.trl_config == "GRPOConfig":
         if config.num_generations is None:
             generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
         elif (batch * world * accumulation) % generations:
@@ -211,7 +214,7 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
                 )
             batch = next(b for b in range(batch, batch * generations + 1) if (b * world * accumulation) % generations == 0)
             notes.append(f"batch size raised to {batch} so that groups of {generations} completions fit")
-    if config.method == "kto" and batch * world < 2:
+    if spec.encoding == "kto" and batch * world < 2:
         raise ConfigError("KTO needs a batch of at least 2 (its KL estimate uses the other rows): raise --batch-size")
 
     return RunSettings(

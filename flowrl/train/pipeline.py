@@ -140,7 +140,9 @@ class RLTrainer:
 
     def _with_group_size(self, config: TrainingConfig) -> TrainingConfig:
         """Offline GRPO: generations per prompt default to the logged group size (capped by the profile)."""
-        if config.method != "grpo-offline" or config.num_generations is not None:
+        from flowrl.methods import get_method
+
+        if get_method(config.method).encoding != "grpo-offline" or config.num_generations is not None:
             return config
         from flowrl.train.offline_grpo import COMPLETION_COLUMNS, find_column, group_size
 

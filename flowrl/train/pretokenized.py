@@ -22,10 +22,12 @@ def _is_tokenized(dataset: Any, method: str) -> bool:
     return set(PRE_TOKENIZED[method]) <= set(dataset.column_names)
 
 
-def pretokenized_trainer(method: str) -> type:
-    """A subclass of TRL's trainer for `method` ("kto" or "dpo") that accepts pre-tokenized rows."""
-    trl = require("trl")
-    base = trl.KTOTrainer if method == "kto" else trl.DPOTrainer
+def pretokenized_trainer(method: str, base: type | None = None) -> type:
+    """A subclass of `base` (TRL's KTOTrainer or DPOTrainer by default) that accepts rows tokenized the `method`
+    way ("kto": prompt_ids/completion_ids, "dpo": prompt_ids/chosen_ids/rejected_ids)."""
+    if base is None:
+        trl = require("trl")
+        base = trl.KTOTrainer if method == "kto" else trl.DPOTrainer
 
     class PreTokenized(base):  # type: ignore[misc, valid-type]
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:

@@ -16,19 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError, require
+from flowrl.methods import get_method
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData
 from flowrl.train.hardware import RunSettings
 
 log = logging.getLogger(__name__)
 
-TRL_CLASSES: dict[str, tuple[str, str]] = {
-    "grpo": ("GRPOConfig", "GRPOTrainer"),
-    "grpo-offline": ("GRPOConfig", "GRPOTrainer"),
-    "kto": ("KTOConfig", "KTOTrainer"),
-    "dpo": ("DPOConfig", "DPOTrainer"),
-    "sft": ("SFTConfig", "SFTTrainer"),
-}
 # GRPO's KL coefficient when the config does not set one: TRL 1.16 defaults to 0 (no reference pass, no KL
 # in the logs); flowrl keeps the DeepSeekMath value so the KL to the base model is both used and reported.
 DEFAULT_GRPO_BETA = 0.04
@@ -38,9 +32,16 @@ REPORTERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio
 
 
 def trl_classes(method: str) -> tuple[type, type]:
-    trl = require("trl")
-    config_name, trainer_name = TRL_CLASSES[method]
-    return getattr(trl, config_name), getattr(trl, trainer_name)
+    """TRL's config and trainer classes of a method in the method table (`flowrl.methods`)."""
+    return get_method(method).trl_classes()
+
+
+def _is_grpo(method: str) -> bool:
+    return get_method(method).trl_config == "GRPOConfig"
+
+
+def _encoding(method: str) -> str | None:
+    return get_method(method).encoding
 
 
 def lora_config(config: TrainingConfig) -> Any | None:
@@ -138,7 +139,8 @@ def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir:
         model_init_kwargs={"dtype": model_dtype(settings)},
     )
     method = config.method
-    if method in ("grpo", "grpo-offline"):
+    encoding = _encoding(method)
+    if _is_grpo(method):
         kwargs.update(
             num_generations=settings.num_generations,
             max_completion_length=settings.max_completion_length,
@@ -154,11 +156,11 @@ def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir:
             kwargs["reward_weights"] = reward_weights
     else:
         kwargs["max_length"] = settings.max_length
-        if config.beta is not None and method != "sft":
+        if config.beta is not None and encoding != "sft":
             kwargs["beta"] = config.beta
-    if method == "kto":
+    if encoding == "kto":
         kwargs.update(desirable_weight=desirable_weight or 1.0, undesirable_weight=undesirable_weight or 1.0)
-    if method == "sft":
+    if encoding == "sft":
         kwargs.update(assistant_only_loss=assistant_only_loss, packing=False)
     return kwargs
 
@@ -177,8 +179,8 @@ def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]
     return funcs, [float(w) for w in weights]
 
 
-def is_conversational_data(data: LoadedData, method: str) -> bool:
-    column = {"sft": "messages", "kto": "prompt", "dpo": "prompt"}[method]
+def is_conversational_data(data: LoadedData, encoding: str) -> bool:
+    column = {"sft": "messages", "kto": "prompt", "dpo": "prompt"}[encoding]
     if column not in data.columns or not len(data.train):
         return False
     return isinstance(data.train[0][column], list)
@@ -219,7 +221,8 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         kwargs["quantization_config"] = quant
     train = data.train
     method = config.method
-    if method == "grpo":
+    encoding = _encoding(method)
+    if _is_grpo(method) and encoding is None:  # online: TRL generates
         if reward_funcs:
             funcs, weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
         else:
@@ -228,7 +231,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         info["reward_weights"] = weights
         args = trl_config(config, settings, output_dir, reward_weights=weights)
         kwargs["reward_funcs"] = funcs
-    elif method == "grpo-offline":
+    elif encoding == "grpo-offline":
         groups = OfflineGroups(train.to_list(), settings.num_generations)
         renderer = _renderer(model_path)
         groups.encode(renderer)
@@ -244,31 +247,31 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         args = trl_config(config, settings, output_dir, off_policy_mask_threshold=threshold)
         train = groups.train_dataset()
         kwargs.update(reward_funcs=[OfflineGroups.logged_reward], rollout_func=groups.rollout_func)
-    elif method in ("kto", "sft", "dpo") and is_conversational_data(data, method):
+    elif encoding in ("kto", "sft", "dpo") and is_conversational_data(data, encoding):
         # Token-faithful rows: captured ids where the runs have them, else the chat template, masks by flowrl
         from flowrl.data.encode import encode_for_trl
         from flowrl.train.pretokenized import pretokenized_trainer
 
-        rows, stats = encode_for_trl(method, train.to_list(), _renderer(model_path), max_length=settings.max_length)
+        rows, stats = encode_for_trl(encoding, train.to_list(), _renderer(model_path), max_length=settings.max_length)
         info["encoding"] = stats.to_dict()
         if not rows:
             raise ConfigError(f"no row of {data.source} fits max_length={settings.max_length} tokens "
                               f"({stats.rows_in} rows: {dict(stats.dropped)}): pass a larger --max-length")
-        if method == "sft" and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
+        if encoding == "sft" and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
             rows = [{"input_ids": r["input_ids"], "assistant_masks": [1] * len(r["input_ids"])} for r in rows]
         train = _datasets().Dataset.from_list(rows)
-        if method == "kto":
+        if encoding == "kto":
             dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
             uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
             info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
             args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
         else:
             args = trl_config(config, settings, output_dir)  # SFT: loss from the rows' assistant_masks
-        if method == "sft":
+        if encoding == "sft":
             info["assistant_only_loss"] = config.assistant_only_loss is not False  # flowrl's masks: tokens generated in the run
-        if method in ("kto", "dpo"):
-            trainer_cls = pretokenized_trainer(method)
-    elif method == "kto":  # plain-text rows: TRL tokenizes them
+        if encoding in ("kto", "dpo"):
+            trainer_cls = pretokenized_trainer(encoding, trainer_cls)
+    elif encoding == "kto":  # plain-text rows: TRL tokenizes them
         dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
         uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
         info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)

@@ -1,0 +1,103 @@
+"""Training methods: one table, one `MethodSpec` per method.
+
+A spec names everything a method needs, by import path so this module imports nothing heavy:
+the dataset builder (and its fixed options), TRL's config and trainer classes, how flowrl encodes
+its conversational rows (`encoding`: "sft", "kto", "dpo", "grpo-offline", or None for rows TRL takes as
+they are), the columns a dataset must have, the LoRA learning rate and a line for the dataset card.
+
+Adding a method is one file (its builder, if no existing one fits) and one line:
+
+    register_method(MethodSpec("orpo", builder="flowrl.data.dpo:DPODatasetBuilder", trl_config="ORPOConfig",
+                               trl_trainer="ORPOTrainer", trl_module="trl.experimental.orpo", encoding="dpo",
+                               required_columns=(("prompt",), ("chosen",), ("rejected",)), learning_rate=5e-5,
+                               card_format="preference pairs for ORPO"))
+
+`flowrl build-dataset --method orpo` and `flowrl train --method orpo` then work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    builder: str  # "module:Class" of the DatasetBuilder
+    trl_config: str  # class names in `trl_module`
+    trl_trainer: str
+    required_columns: tuple[tuple[str, ...], ...]  # each: one of these columns
+    learning_rate: float  # for LoRA adapters; full fine-tuning uses a tenth
+    card_format: str
+    builder_options: dict[str, Any] = field(default_factory=dict)
+    encoding: str | None = None  # how flowrl tokenizes conversational rows (see flowrl.data.encode)
+    trl_module: str = "trl"
+    aliases: tuple[str, ...] = ()
+
+    def builder_class(self) -> type:
+        module, _, name = self.builder.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def trl_classes(self) -> tuple[type, type]:
+        from flowrl.errors import require
+
+        require("trl")
+        module = importlib.import_module(self.trl_module)
+        return getattr(module, self.trl_config), getattr(module, self.trl_trainer)
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Add (or replace) a method in the table."""
+    METHODS[spec.name] = spec
+    return spec
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(METHODS)
+
+
+def canonical_method(name: str) -> str:
+    """`name` as the table spells it (case, `_` for `-` and aliases forgiven)."""
+    wanted = str(name).strip().lower().replace("_", "-")
+    for spec in METHODS.values():
+        if wanted == spec.name or wanted in spec.aliases:
+            return spec.name
+    return wanted
+
+
+def get_method(name: str) -> MethodSpec:
+    spec = METHODS.get(canonical_method(name))
+    if spec is None:
+        raise ConfigError(f"method {name!r}: use one of {', '.join(METHODS)}")
+    return spec
+
+
+_CONVERSATION = (("prompt",),)
+for _spec in (
+    MethodSpec("grpo", "flowrl.data.grpo:GRPODatasetBuilder", "GRPOConfig", "GRPOTrainer", _CONVERSATION, 1e-5,
+               "prompt-only: `prompt` (conversational) plus reward-function columns, for TRL's `GRPOTrainer`",
+               builder_options={"offline": False}, aliases=("grpo-online", "online-grpo")),
+    MethodSpec("grpo-offline", "flowrl.data.grpo:GRPODatasetBuilder", "GRPOConfig", "GRPOTrainer", _CONVERSATION, 1e-5,
+               "logged groups: `prompt`, `logged_completions`, `logged_rewards` (+ `logged_tokens`), replayed through "
+               "a `GRPOTrainer` `rollout_func`", builder_options={"offline": True}, encoding="grpo-offline",
+               aliases=("offline-grpo",)),
+    MethodSpec("kto", "flowrl.data.kto:KTODatasetBuilder", "KTOConfig", "KTOTrainer",
+               (("prompt",), ("completion",), ("label",)), 5e-5,
+               "unpaired preference: `prompt` / `completion` / `label` (conversational, + `captured` ids), for TRL's "
+               "`KTOTrainer`", encoding="kto"),
+    MethodSpec("sft", "flowrl.data.sft:SFTDatasetBuilder", "SFTConfig", "SFTTrainer", (("messages", "text", "prompt"),),
+               2e-4, "language modelling: `messages` (+ `tools`, `prompt_end`, `captured` ids), for TRL's `SFTTrainer` "
+               "with loss on the tokens generated in the run", encoding="sft"),
+    MethodSpec("dpo", "flowrl.data.dpo:DPODatasetBuilder", "DPOConfig", "DPOTrainer",
+               (("chosen",), ("rejected",)), 5e-5,
+               "preference: `prompt` / `chosen` / `rejected` (conversational, + `captured` ids), for TRL's `DPOTrainer`",
+               encoding="dpo"),
+):
+    register_method(_spec)
