@@ -61,7 +61,7 @@ def run_raw(cfg: Any, hw: Any) -> tuple[list[float], list[float], float]:
     from flowrl.train.callbacks import StepTimer
     from flowrl.train.data_io import load_dataset_dir
     from flowrl.train.hardware import resolve_settings
-    from flowrl.train.models import resolve_model
+    from flowrl.models import resolve_model
     from flowrl.train.trainers import build_trl_trainer
 
     started = time.perf_counter()

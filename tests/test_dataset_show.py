@@ -53,7 +53,7 @@ def datasets(store: TraceStore, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    from flowrl.train.models import ensure_default_model
+    from flowrl.models import ensure_default_model
 
     return str(ensure_default_model())
 

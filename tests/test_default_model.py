@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from flowrl.errors import ModelError
-from flowrl.train import models
-from flowrl.train.models import (
+from flowrl import models
+from flowrl.models import (
     DEFAULT_MODEL,
     MANIFEST,
     SMOLLM2_DIRNAME,
@@ -160,6 +160,6 @@ def test_the_default_model_is_built_once_and_answers_sensibly(monkeypatch: pytes
     assert not list(cache.glob(f".{SMOLLM2_DIRNAME}-build-*"))  # no temporary folder left behind
     assert resolve_model(DEFAULT_MODEL).path == str(path)  # second use: no rebuild
 
-    from flowrl.train.models import sanity_generate
+    from flowrl.models import sanity_generate
 
     assert "Paris" in sanity_generate(path)

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  #
 from flowrl.errors import ConfigError  # noqa: E402
 from flowrl.train import TrainingConfig, TrainingPipeline  # noqa: E402
 from flowrl.train.hardware import HardwareInfo  # noqa: E402
-from flowrl.train.models import ResolvedModel, load_for_inference  # noqa: E402
+from flowrl.models import ResolvedModel, load_for_inference  # noqa: E402
 
 CPU = HardwareInfo(accelerator="cpu", cpu_count=2)
 METHODS = ["grpo", "grpo-offline", "kto", "sft", "dpo"]

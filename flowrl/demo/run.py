@@ -105,7 +105,7 @@ class Demo:
 
     # -- stages ----------------------------------------------------------------------------------
     def stage_model(self) -> tuple[str, bool]:
-        from flowrl.train.models import default_model_dir, resolve_model
+        from flowrl.models import default_model_dir, resolve_model
 
         cached = (default_model_dir() / "config.json").exists()
         resolved = resolve_model(self.cfg.base_model)

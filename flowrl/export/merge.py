@@ -61,7 +61,7 @@ def _resolve_base(adapter_dir: Path, base: str) -> str:
         if (candidate / "config.json").is_file():
             return str(candidate.resolve())
     try:  # flowrl's model names (`smollm2-135m`, the embedded default) resolve like `flowrl train` resolves them
-        from flowrl.train.models import resolve_model
+        from flowrl.models import resolve_model
     except ImportError:  # pragma: no cover - flowrl.train is part of the package
         return base
     try:

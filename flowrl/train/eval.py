@@ -24,7 +24,7 @@ from flowrl.errors import ConfigError, require
 from flowrl.rewards.base import completion_text, prompt_text
 from flowrl.schema import ExecutionTrace
 from flowrl.train.data_io import load_dataset_dir
-from flowrl.train.models import ResolvedModel, load_for_inference, resolve_model
+from flowrl.models import ResolvedModel, load_for_inference, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def default_baseline(model: str) -> str | None:
             except (OSError, ValueError, KeyError, TypeError):
                 break
     if (path / "adapter_config.json").is_file():
-        from flowrl.train.models import adapter_base
+        from flowrl.models import adapter_base
 
         return adapter_base(path)
     return None

@@ -47,7 +47,7 @@ def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, s
     """Encode row `row` of `split` of the dataset at `path` with `base_model`'s tokenizer."""
     from flowrl.data.encode import EncodeStats, row_sequences
     from flowrl.data.tokens import ChatRenderer
-    from flowrl.train.models import resolve_model
+    from flowrl.models import resolve_model
 
     path = Path(path).expanduser()
     dataset, meta = _split(path, split)
@@ -74,7 +74,7 @@ def token_budget(method: str, base_model: str, max_length: int) -> Any:
     """A `TokenBudget` for `build-dataset --base-model M --max-length N`."""
     from flowrl.data.encode import TokenBudget
     from flowrl.data.tokens import ChatRenderer
-    from flowrl.train.models import resolve_model
+    from flowrl.models import resolve_model
 
     if max_length < 8:
         raise ConfigError(f"--max-length {max_length}: use at least 8 tokens")
