@@ -251,14 +251,14 @@ def writer_cpu(events_per_run: int, runs: int, root: Path) -> dict[str, float]:
     agent = ToolAgent(events_per_run)
     hook = hook_into_agent(agent, store=root / "cpu", run_methods=["a_run"], tool_methods=["call_tool"])
     records: list[Any] = []
-    hook.collector.submit = lambda record: records.append(record) or True  # keep them for timing
+    hook.registration.submit = lambda record: records.append(record) or True  # keep them for timing
 
     async def produce() -> None:
         for i in range(runs):
             await agent.a_run(f"question {i}")
 
     asyncio.run(produce())
-    redactor, store = hook.collector.redactor, hook.collector.store
+    redactor, store = hook.registration.redactor, hook.store
     t = time.thread_time()
     traces = [load_trace(complete_trace(redact_trace(redactor, r.build()))) for r in records]
     for trace in traces:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGETS = "toolboxv2.mods.isaa.base.Agent.flow_agent:FlowAgent"
 SITE_DIR = Path(__file__).parent / "_autohook_site"
 _installed: set[str] = set()
-hooks: list[Any] = []  # the Hook handles created, so a host can flush or unhook them
+# the Hook handles created, so a host can flush or unhook them; held weakly: a hook that was unhooked,
+# or whose agent was garbage-collected, drops out once nothing else refers to it
+hooks: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def enabled() -> bool:
@@ -59,7 +62,7 @@ def _hook_instance(agent: Any) -> None:
             names = [n.strip() for n in os.environ.get(env, "").split(",") if n.strip()]
             if names:
                 options[key] = names
-        hooks.append(hook_into_agent(agent, store=store, **options))
+        hooks.add(hook_into_agent(agent, store=store, **options))
     except Exception:
         log.warning("flowrl autohook: could not hook %s; it runs unhooked", type(agent).__name__, exc_info=True)
 

@@ -1,16 +1,28 @@
-"""TraceCollector: a bounded queue and one background writer thread.
+"""TraceCollector: one per store per process, with one writer thread and a few I/O threads.
 
-The host's event loop only appends a finished run record to a deque (when the deque is full the
-record is dropped and counted: the host never waits). The writer thread builds the trace from the
-record, masks secrets (`flowrl.redact.Redactor`, with the user's `mask`) and validates it; a few I/O
-threads (`io_threads`, default 8) then write it through the store: `TraceStore.write` (atomic, its
-own fsync) for a lone trace, `TraceStore.write_many` (atomic, one filesystem sync) for the traces that
-piled up while the disk was busy. The sync, not Python, is what limits the rate; it runs without the
-GIL. Every failure there is counted in `stats` and logged; none reaches the host.
+Every hook writing to the same store (same resolved root) shares one collector: `attach(store, ...)`
+returns a `Registration`, the hook's thin handle on it, which carries what is the hook's own: its
+`stats`, its masking (`mask`, `redact`, `max_chars`), its share of the queue (`queue_size`) and its
+`exit_timeout`. Five hooked agents therefore cost one collector's threads, not five.
 
-`flush()` waits until what was queued before the call is written. At interpreter exit an `atexit`
-handler flushes every live collector (bounded by `exit_timeout`). After `os.fork()` the child starts
-with an empty queue and its own writer thread (the parent's queue is the parent's to write).
+The host's event loop only appends a finished run record to a deque (when the hook's share is full
+the record is dropped and counted: the host never waits). The writer thread builds the trace from the
+record, masks it with the hook's redactor and validates it; the I/O threads (`io_threads`, default 8,
+the largest any attached hook asked for) then write it through the store: `TraceStore.write` (atomic,
+its own fsync) for a lone trace, `TraceStore.write_many` (atomic, one filesystem sync) for the traces
+that piled up while the disk was busy. When `write_many` raises, its traces are written one at a time,
+`batch_write_errors` is counted and the first failure is logged. Every failure is counted in the
+hook's `stats`; none reaches the host.
+
+Lifecycle: the collector is created by the first `attach` for a store, its threads start with the
+first run queued, and when the last registration closes it writes what is queued, stops its threads
+and leaves the registry (the next hook on that store gets a new one). `flush()` waits until what was
+queued before the call is written. At interpreter exit an `atexit` handler flushes every live
+collector (bounded by `exit_timeout`). After `os.fork()` the child starts with an empty queue and its
+own writer thread (the parent's queue is the parent's to write).
+
+A `TraceCollector` can also be built directly (`TraceCollector(store)`, `submit_trace`): that one is
+private to its owner, not in the registry, and counts into its own `stats`.
 """
 
 from __future__ import annotations
@@ -40,13 +52,14 @@ log = logging.getLogger("flowrl.capture")
 DEFAULT_QUEUE_SIZE = 1024
 DEFAULT_EXIT_TIMEOUT = 5.0
 DEFAULT_IO_THREADS = 8
+DEFAULT_MAX_CHARS = 65536
 BATCH_MAX = 64  # traces built while others waited are written together (one filesystem sync)
 _STOP = object()
 
 
 @dataclass
 class CaptureStats:
-    """Counters of one hook (one collector). Read them any time; they only go up."""
+    """Counters of one hook. Read them any time; they only go up."""
 
     captured: int = 0        # runs finished and handed to the writer
     dropped: int = 0         # runs not written because the queue was full or the hook was closed
@@ -55,6 +68,7 @@ class CaptureStats:
     write_errors: int = 0    # of which: the store refused the write
     build_errors: int = 0    # of which: a record could not be turned into a valid trace
     capture_errors: int = 0  # of which: a capture step on the host's side failed (the run went on)
+    batch_write_errors: int = 0  # write_many raised; its traces were then written one at a time
     mask_failures: int = 0   # values masked whole because the user's mask raised
     secrets_masked: int = 0  # secrets replaced by the built-in patterns
     tool_calls: int = 0      # tool calls in written traces
@@ -66,31 +80,119 @@ class CaptureStats:
         return asdict(self)
 
 
-class _Counter:
-    """A lock around `CaptureStats`: several threads count into it."""
+class Registration:
+    """One hook's handle on a collector: its counters, its masking and its share of the queue.
 
-    def __init__(self, stats: CaptureStats) -> None:
-        self.stats = stats
-        self.lock = threading.Lock()
+    `submit(record)` queues a record (anything with `.build() -> dict`), `flush()` waits for what was
+    queued, `close()` lets go of the collector (the last registration to go stops its threads)."""
 
-    def bump(self, name: str, n: int = 1) -> None:
+    def __init__(self, collector: TraceCollector, *, mask: Callable[[str], str] | None = None,
+                 redact: bool = True, max_chars: int | None = DEFAULT_MAX_CHARS,
+                 queue_size: int = DEFAULT_QUEUE_SIZE, exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+                 stats: CaptureStats | None = None) -> None:
+        _check_queue_size(queue_size)
+        self.collector = collector
+        self.redactor = Redactor(mask=mask, max_chars=max_chars) if redact else None
+        self.queue_size = queue_size
+        self.exit_timeout = float(exit_timeout)
+        self.stats = stats or CaptureStats()
+        self.lock = threading.RLock()  # reentrant: the garbage collector may count while a count runs
+        # set by the owner (the Hook): how failures are logged, and what to finish before a flush
+        self.on_error: Callable[[str, BaseException], None] | None = None
+        self.before_flush: Callable[[float | None], None] | None = None
+        self.accepted = 0  # records queued (host side, under the collector's lock)
+        self.taken = 0     # records the writer took off the queue (written by the writer thread only)
+        self.failed = 0    # records that failed to build or to write
+        self.failed_reported = 0  # failures a flush() has already answered False for
+        self.closed = False
+
+    @property
+    def store(self) -> TraceStore:
+        return self.collector.store
+
+    @property
+    def queued(self) -> int:
+        return self.accepted - self.taken
+
+    def submit(self, record: Any) -> bool:
+        """Queue a record for writing. Never blocks; False (and counted) when it was dropped."""
+        return self.collector._submit(record, self)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to one of `stats`' counters (thread-safe)."""
         with self.lock:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.collector._flush(timeout, self)
 
+    def close(self, timeout: float | None = None) -> bool:
+        """Write what this registration queued (up to `timeout`), then let go of the collector."""
+        return self.collector._release(self, timeout)
+
+    def abandon(self) -> None:
+        """`close` without waiting or taking the registry's lock: for the garbage collector's callbacks.
+        Later submits are dropped at once; the writer thread lets go of the collector soon after."""
+        self._before_flush(0)
+        self.collector._release_later(self)
+
+    def _before_flush(self, timeout: float | None) -> None:
+        if self.before_flush is not None:
+            try:
+                self.before_flush(timeout)
+            except Exception as exc:  # pragma: no cover - defensive
+                self.collector._fail(self, "finishing waiting runs", exc)
+
+
+# -- the process-wide registry: one shared collector per store root ---------------------------------
+
+_SHARED: dict[Path, TraceCollector] = {}
+_REGISTRY_LOCK = threading.RLock()
 _LIVE: weakref.WeakSet[TraceCollector] = weakref.WeakSet()
 _PROCESS_HOOKS_DONE = False
+
+
+def store_key(store: TraceStore) -> Path:
+    """What makes two stores one: the resolved root folder."""
+    return Path(os.path.abspath(store.root)).resolve()
+
+
+def attach(store: TraceStore | str | os.PathLike[str] | None, *, io_threads: int = DEFAULT_IO_THREADS,
+           **options: Any) -> Registration:
+    """Register a hook on the process's collector for `store` (created on first use).
+
+    `options` are the hook's own (`mask`, `redact`, `max_chars`, `queue_size`, `exit_timeout`, `stats`).
+    The collector runs the largest `io_threads` any of its registrations asked for."""
+    _check_io_threads(io_threads)
+    _check_queue_size(options.get("queue_size", DEFAULT_QUEUE_SIZE))  # before a collector is made for it
+    resolved = as_store(store)
+    key = store_key(resolved)
+    with _REGISTRY_LOCK:
+        collector = _SHARED.get(key)
+        if collector is None or collector.closed:
+            collector = _SHARED[key] = TraceCollector(resolved, io_threads=io_threads)
+            collector._shared_key = key
+        return collector._register(io_threads, options)
+
+
+def shared_collectors() -> list[TraceCollector]:
+    """The collectors hooks share in this process, one per store (for diagnostics and tests)."""
+    with _REGISTRY_LOCK:
+        return list(_SHARED.values())
 
 
 def _at_exit() -> None:
     for collector in list(_LIVE):
         try:
+            collector._reap()
             collector.flush(timeout=collector.exit_timeout)
         except Exception:  # pragma: no cover - best effort at shutdown
             log.warning("flowrl: flushing traces at exit failed", exc_info=True)
 
 
 def _after_fork_in_child() -> None:
+    global _REGISTRY_LOCK
+    _REGISTRY_LOCK = threading.RLock()  # another thread of the parent may have held it
     for collector in list(_LIVE):
         collector._reinit_after_fork()
 
@@ -115,9 +217,20 @@ def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
     raise TypeError(f"store must be a TraceStore or a folder path, not {type(store).__name__}")
 
 
+def _check_queue_size(queue_size: Any) -> None:
+    if not isinstance(queue_size, int) or queue_size < 1:
+        raise ValueError(f"queue_size must be a positive integer, not {queue_size!r}")
+
+
+def _check_io_threads(io_threads: Any) -> None:
+    if not isinstance(io_threads, int) or io_threads < 0:
+        raise ValueError(f"io_threads must be a non-negative integer, not {io_threads!r}")
+
+
 class TraceCollector:
-    """Queue + writer thread. `submit(record)` takes anything with `.build() -> dict`; `submit_trace`
-    takes a ready `ExecutionTrace` (or trace dict)."""
+    """Queue + writer thread + I/O threads for one store. Hooks get one through `attach`; used directly,
+    `submit(record)` takes anything with `.build() -> dict` and `submit_trace` a ready `ExecutionTrace`
+    (or trace dict), counted in this collector's own `stats`."""
 
     def __init__(
         self,
@@ -126,42 +239,39 @@ class TraceCollector:
         mask: Callable[[str], str] | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         redact: bool = True,
-        max_chars: int | None = 65536,
+        max_chars: int | None = DEFAULT_MAX_CHARS,
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
         io_threads: int = DEFAULT_IO_THREADS,
         stats: CaptureStats | None = None,
     ) -> None:
-        if not isinstance(queue_size, int) or queue_size < 1:
-            raise ValueError(f"queue_size must be a positive integer, not {queue_size!r}")
-        if not isinstance(io_threads, int) or io_threads < 0:
-            raise ValueError(f"io_threads must be a non-negative integer, not {io_threads!r}")
+        _check_io_threads(io_threads)
         self.io_threads = io_threads
         self.store = as_store(store)
-        self.redactor = Redactor(mask=mask, max_chars=max_chars) if redact else None
-        self.queue_size = queue_size
-        self.exit_timeout = exit_timeout
-        self.stats = stats or CaptureStats()
-        self._count = _Counter(self.stats)
-        # set by the owner (the Hook): how failures are logged, and what to finish before a flush
-        self.on_error: Callable[[str, BaseException], None] | None = None
-        self.before_flush: Callable[[float | None], None] | None = None
+        self._shared_key: Path | None = None  # set when the registry holds it
+        self._regs: set[Registration] = set()  # the hooks attached
+        self._gone: deque[Registration] = deque()  # abandoned by the garbage collector, to let go of
+        self._batch_failure_logged = False
         self._init_runtime()
+        # what `submit`, `stats` and `count` use when the collector is used directly
+        self._own = Registration(self, mask=mask, redact=redact, max_chars=max_chars, queue_size=queue_size,
+                                 exit_timeout=exit_timeout, stats=stats)
         _install_process_hooks()
         _LIVE.add(self)
 
     def _init_runtime(self) -> None:
-        self._queue: deque[Any] = deque()
-        self._lock = threading.Lock()
+        # `_lock` guards the queue, the counters and the threads; the registry's lock guards `_SHARED` and
+        # `_regs`. Neither is ever taken while holding the other. A garbage-collector callback (an agent
+        # gone without unhook) may take `_lock` (reentrant for that), never the registry's lock.
+        self._queue: deque[tuple[Any, Registration]] = deque()
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._accepted = 0   # records queued so far
         self._done = 0       # records taken off the queue and finished (written or failed)
-        self._failed = 0     # records that failed to build or to write
-        self._failed_reported = 0  # failures a flush() has already answered False for
         self._thread: threading.Thread | None = None
         # batches of built traces waiting for an I/O thread; bounded, so a stalled disk backs up into the deque
         self._io: queue.Queue[Any] = queue.Queue(maxsize=max(2 * self.io_threads, 1))
-        self._io_started = 0
+        self._workers: list[threading.Thread] = []  # the I/O threads started
         self._closed = False
         self._pid = os.getpid()
 
@@ -169,23 +279,105 @@ class TraceCollector:
         closed = self._closed
         self._init_runtime()  # new locks and no thread: the parent's may be held or gone
         self._closed = closed
+        for reg in [self._own, *self._regs]:
+            reg.lock = threading.RLock()
+            reg.taken = reg.accepted  # the queue they were in is the parent's
+
+    # -- registrations ----------------------------------------------------------------------------
+    @property
+    def stats(self) -> CaptureStats:
+        return self._own.stats
+
+    @property
+    def redactor(self) -> Redactor | None:
+        return self._own.redactor
+
+    @property
+    def exit_timeout(self) -> float:
+        return max([self._own.exit_timeout, *(r.exit_timeout for r in list(self._regs))])
+
+    @property
+    def registrations(self) -> int:
+        """How many hooks are attached."""
+        return sum(1 for r in list(self._regs) if not r.closed)
+
+    def _register(self, io_threads: int, options: dict[str, Any]) -> Registration:
+        """Add a registration (under the registry's lock: `_regs` only grows there)."""
+        reg = Registration(self, **options)
+        self._regs.add(reg)
+        if io_threads > self.io_threads:
+            self._io.maxsize = 2 * io_threads  # no mutex: a putter waiting meanwhile wakes on the next get
+            self.io_threads = io_threads  # the writer starts the extra threads on its next round
+        return reg
+
+    def _release(self, reg: Registration, timeout: float | None) -> bool:
+        if reg is self._own:
+            return self.close(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout == 0:  # do not wait
+            reg._before_flush(0)
+            ok = reg.taken >= reg.accepted
+        else:
+            ok = self._flush(timeout, reg)
+        last = self._let_go(reg)
+        if last:  # stop the threads once what others queued meanwhile is written
+            self.close(None if deadline is None else 0 if timeout == 0 else max(0.001, deadline - time.monotonic()))
+        return ok
+
+    def _let_go(self, reg: Registration) -> bool:
+        """Close `reg` and drop every closed registration. True when no open one is left and this call
+        took the (shared) collector out of the registry: closing it is then the caller's job."""
+        reg.closed = True  # its later submits are dropped
+        reg.on_error = reg.before_flush = None  # the collector no longer refers to the hook
+        with _REGISTRY_LOCK:
+            self._regs = {r for r in self._regs if not r.closed}
+            if self._regs or self._shared_key is None or _SHARED.get(self._shared_key) is not self:
+                return False
+            del _SHARED[self._shared_key]
+            return True
+
+    def _release_later(self, reg: Registration) -> None:
+        reg.closed = True
+        self._gone.append(reg)
+        self._wake.set()  # a running writer lets go of it; otherwise the next unhook or exit does
+
+    def _reap(self) -> None:
+        """Let go of the registrations the garbage collector abandoned (never from a GC callback). With
+        no writer running, a collector whose hooks all went that way stays idle, without threads, and is
+        reused by the next hook on its store."""
+        last = False
+        while self._gone:
+            try:
+                reg = self._gone.popleft()
+            except IndexError:  # pragma: no cover - another thread took it
+                break
+            last = self._let_go(reg) or last
+        if last:
+            self.close(0)
 
     # -- the host's side ------------------------------------------------------------------------
     def submit(self, record: Any) -> bool:
         """Queue a record for writing. Never blocks; False (and counted) when it was dropped."""
+        return self._submit(record, self._own)
+
+    def _submit(self, record: Any, reg: Registration) -> bool:
         if self._pid != os.getpid():
             self._reinit_after_fork()
+        item = (record, reg)  # made outside the lock: nothing in there allocates a tracked object
         with self._lock:
-            if self._closed or len(self._queue) >= self.queue_size:
-                reason: str | None = "closed" if self._closed else "full"
+            if self._closed or reg.closed:
+                reason: str | None = "closed"
+            elif reg.accepted - reg.taken >= reg.queue_size:
+                reason = "full"
             else:
-                self._queue.append(record)
+                self._queue.append(item)
                 self._accepted += 1
+                reg.accepted += 1
                 reason = None
             start = reason is None and self._thread is None
         if reason is not None:
-            self._count.bump("dropped")
-            dropped = self.stats.dropped
+            reg.count("dropped")
+            dropped = reg.stats.dropped
             if dropped == 1 or dropped % 1000 == 0:
                 log.warning("flowrl: trace queue %s; dropped a run (%d dropped so far)", reason, dropped)
             return False
@@ -196,7 +388,7 @@ class TraceCollector:
 
     def count(self, name: str, n: int = 1) -> None:
         """Add to one of `stats`' counters (thread-safe)."""
-        self._count.bump(name, n)
+        self._own.count(name, n)
 
     def submit_trace(self, trace: ExecutionTrace | dict[str, Any]) -> bool:
         return self.submit(_Ready(trace))
@@ -213,46 +405,56 @@ class TraceCollector:
                 return
             thread = threading.Thread(target=self._run, name="flowrl-trace-writer", daemon=True)
             self._thread = thread
-            io = [threading.Thread(target=self._write_loop, name=f"flowrl-trace-io-{i}", daemon=True)
-                  for i in range(self._io_started, self.io_threads)]
-            self._io_started = self.io_threads
         thread.start()
+
+    def _start_io(self) -> None:
+        """On the writer thread: bring the I/O threads up to `io_threads` (it stops each when it ends)."""
+        io = [threading.Thread(target=self._write_loop, name=f"flowrl-trace-io-{i}", daemon=True)
+              for i in range(len(self._workers), self.io_threads)]
         for t in io:
             t.start()
+        with self._lock:
+            self._workers.extend(io)
 
     # -- the writer thread and the I/O threads ----------------------------------------------------
     def _run(self) -> None:
         while True:
+            if len(self._workers) < self.io_threads:
+                self._start_io()
             self._wake.wait()
             self._wake.clear()
-            batch: list[ExecutionTrace] = []
+            batch: list[tuple[ExecutionTrace, Registration]] = []
             while True:
                 try:
-                    record = self._queue.popleft()
+                    record, reg = self._queue.popleft()
                 except IndexError:
                     break
-                trace = self._build(record)
+                reg.taken += 1
+                trace = self._build(record, reg)
                 if trace is None:
-                    self._finished(False)
+                    self._finished(reg, False)
                     continue
-                batch.append(trace)
+                batch.append((trace, reg))
                 if len(batch) >= BATCH_MAX or not self._queue:
                     self._hand_over(batch)
                     batch = []
             if batch:
                 self._hand_over(batch)
+            record = reg = trace = batch = None  # do not hold the last run (nor its hook) while idle
+            if self._gone:
+                self._reap()
             with self._lock:
                 if self._closed and not self._queue:
                     self._thread = None
+                    workers, self._workers = self._workers, []
                     self._cond.notify_all()
-                    started, self._io_started = self._io_started, 0
                     break
-        for _ in range(started):
+        for _ in workers:
             self._io.put(_STOP)  # after the traces already handed over
         _LIVE.discard(self)
 
-    def _hand_over(self, batch: list[ExecutionTrace]) -> None:
-        if self.io_threads:
+    def _hand_over(self, batch: list[tuple[ExecutionTrace, Registration]]) -> None:
+        if self._workers:
             self._io.put(batch)  # blocks only this thread, and only while every I/O thread is busy
         else:
             self._write_batch(batch)
@@ -263,72 +465,78 @@ class TraceCollector:
             if batch is _STOP:
                 return
             self._write_batch(batch)
+            batch = None  # do not hold the last traces (nor their hooks) while idle
 
-    def _write_batch(self, batch: list[ExecutionTrace]) -> None:
+    def _write_batch(self, batch: list[tuple[ExecutionTrace, Registration]]) -> None:
         """One trace: `TraceStore.write` (its own fsync). A backlog: `write_many`, one filesystem sync for
         the lot (same all-or-nothing guarantee per file); if that fails, each trace on its own."""
         write_many = getattr(self.store, "write_many", None)
         if len(batch) > 1 and write_many is not None:
             try:
-                write_many(batch)
-            except Exception:
-                pass  # retried one by one below, where each failure is counted
+                write_many([trace for trace, _reg in batch])
+            except Exception as exc:
+                self._batch_failed(batch, exc)  # then retried one by one below
             else:
-                for trace in batch:
-                    self._written(trace)
-                    self._finished(True)
+                for trace, reg in batch:
+                    self._written(trace, reg)
+                    self._finished(reg, True)
                 return
-        for trace in batch:
-            self._finished(self._write(trace))
+        for trace, reg in batch:
+            self._finished(reg, self._write(trace, reg))
 
-    def _finished(self, ok: bool) -> None:
+    def _batch_failed(self, batch: list[tuple[ExecutionTrace, Registration]], exc: Exception) -> None:
+        for reg in {id(reg): reg for _trace, reg in batch}.values():
+            reg.count("batch_write_errors")
+        if not self._batch_failure_logged:
+            self._batch_failure_logged = True
+            log.warning("flowrl: writing %d traces at once to %s failed (%s); writing them one at a time "
+                        "(logged once; counted in stats.batch_write_errors)", len(batch), self.store.root, exc)
+
+    def _finished(self, reg: Registration, ok: bool) -> None:
         with self._cond:
             self._done += 1
             if not ok:
-                self._failed += 1
+                reg.failed += 1
             self._cond.notify_all()
 
-    def _build(self, record: Any) -> ExecutionTrace | None:
+    def _build(self, record: Any, reg: Registration) -> ExecutionTrace | None:
         try:
             data = record.build()
-            if self.redactor is not None:
-                data = redact_trace(self.redactor, data)
+            if reg.redactor is not None:
+                data = redact_trace(reg.redactor, data)
             return load_trace(complete_trace(data), origin="live capture")
         except Exception as exc:
-            self._count.bump("build_errors")
-            self._fail("building a trace", exc)
+            reg.count("build_errors")
+            self._fail(reg, "building a trace", exc)
             return None
         finally:
-            self._sync_redaction_counts()
+            if reg.redactor is not None:
+                rs = reg.redactor.stats
+                with reg.lock:
+                    reg.stats.mask_failures = rs.mask_failures
+                    reg.stats.secrets_masked = rs.masked
 
-    def _write(self, trace: ExecutionTrace) -> bool:
+    def _write(self, trace: ExecutionTrace, reg: Registration) -> bool:
         try:
             self.store.write(trace)
         except Exception as exc:
-            self._count.bump("write_errors")
-            self._fail(f"writing a trace to {self.store.root}", exc)
+            reg.count("write_errors")
+            self._fail(reg, f"writing a trace to {self.store.root}", exc)
             return False
-        self._written(trace)
+        self._written(trace, reg)
         return True
 
-    def _written(self, trace: ExecutionTrace) -> None:
-        with self._count.lock:
-            self.stats.written += 1
-            self.stats.tool_calls += len(trace.tool_calls)
-            self.stats.llm_calls += len(trace.llm_calls)
+    def _written(self, trace: ExecutionTrace, reg: Registration) -> None:
+        with reg.lock:
+            reg.stats.written += 1
+            reg.stats.tool_calls += len(trace.tool_calls)
+            reg.stats.llm_calls += len(trace.llm_calls)
 
-    def _sync_redaction_counts(self) -> None:
-        if self.redactor is not None:
-            rs = self.redactor.stats
-            with self._count.lock:
-                self.stats.mask_failures = rs.mask_failures
-                self.stats.secrets_masked = rs.masked
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        self._count.bump("errors")
-        if self.on_error is not None:
+    def _fail(self, reg: Registration, what: str, exc: BaseException) -> None:
+        reg.count("errors")
+        if reg.on_error is not None:
             try:
-                self.on_error(what, exc)
+                reg.on_error(what, exc)
                 return
             except Exception:  # pragma: no cover
                 pass
@@ -336,19 +544,20 @@ class TraceCollector:
 
     # -- waiting and closing ----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every record queued before this call is written.
+        """Wait until every record queued before this call is written (every registration's).
 
         True when they all were and nothing failed since the previous flush; False on timeout or when
         a run could not be built or written (see `stats`). Blocks the calling thread: from async code
         use `await asyncio.to_thread(hook.flush)`.
         """
+        return self._flush(timeout, None)
+
+    def _flush(self, timeout: float | None, reg: Registration | None) -> bool:
         if self._pid != os.getpid():
             self._reinit_after_fork()
-        if self.before_flush is not None:
-            try:
-                self.before_flush(timeout)
-            except Exception as exc:  # pragma: no cover - defensive
-                self._fail("finishing waiting runs", exc)
+        regs = [reg] if reg is not None else [self._own, *list(self._regs)]
+        for r in regs:
+            r._before_flush(timeout)
         with self._lock:
             target = self._accepted
             need_thread = self._thread is None and self._done < target
@@ -362,27 +571,30 @@ class TraceCollector:
                 if remaining is not None and remaining <= 0:
                     return False
                 self._cond.wait(remaining)
-            clean = self._failed == self._failed_reported
-            self._failed_reported = self._failed
+            clean = True
+            for r in regs:
+                clean = clean and r.failed == r.failed_reported
+                r.failed_reported = r.failed
             return clean
 
     def close(self, timeout: float | None = None) -> bool:
         """Write what is queued (waiting up to `timeout`), then stop the writer thread once the queue is
         empty. Later submits are dropped (counted). `timeout=0` never blocks."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if timeout == 0:  # do not wait (and do not start a thread: this may run inside the GC)
-            if self.before_flush is not None:
-                self.before_flush(0)
+            self._own._before_flush(0)
             ok = self._done >= self._accepted
         else:
             ok = self.flush(timeout)
         with self._lock:
             self._closed = True
-            thread = self._thread
+            thread, workers = self._thread, list(self._workers)
             if thread is None:
                 _LIVE.discard(self)
         self._wake.set()
         if thread is not None and thread is not threading.current_thread() and timeout != 0:
-            thread.join(timeout)
+            for t in [thread, *workers]:  # the writer sends each I/O thread its stop on its way out
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return ok
 
     @property

@@ -25,9 +25,14 @@ from flowrl.capture import _patch
 from flowrl.capture.collector import (
     DEFAULT_EXIT_TIMEOUT,
     DEFAULT_IO_THREADS,
+    DEFAULT_MAX_CHARS,
     DEFAULT_QUEUE_SIZE,
     CaptureStats,
+    Registration,
     TraceCollector,
+    as_store,
+    attach,
+    store_key,
 )
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
@@ -44,11 +49,16 @@ _WARN_FIRST = 3
 
 
 class Hook:
-    """A live capture on one agent. Use `flush()`, `unhook()`, `stats`, or `with hook: ...`."""
+    """A live capture on one agent. Use `flush()`, `unhook()`, `stats`, or `with hook: ...`.
 
-    def __init__(self, agent: Any, collector: TraceCollector, *, adapter: str, agent_name: str | None,
-                 metadata: dict[str, Any] | None = None, max_events: int = DEFAULT_MAX_EVENTS) -> None:
-        self.collector = collector
+    A thin registration on the process's collector for its store (`collector.attach`): the writer
+    thread is shared with every other hook on that store; the stats, masking and metadata are its own."""
+
+    def __init__(self, agent: Any, registration: Registration, *, adapter: str, agent_name: str | None,
+                 metadata: dict[str, Any] | None = None, max_events: int = DEFAULT_MAX_EVENTS,
+                 options: dict[str, Any] | None = None) -> None:
+        self.registration = registration
+        self.options = dict(options or {})  # what it was hooked with (a re-hook must match them)
         self.adapter = adapter
         self.agent_name = agent_name
         self.metadata = dict(metadata or {})
@@ -59,20 +69,25 @@ class Hook:
         self._agent_id = id(agent)
         self._active = False
         self._fail_counts: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: the garbage collector's callback may come in under it
         self.token_mark: tuple[float, ...] | None = None  # adapters: agent token counters last attributed
         self._deferred: dict[int, tuple[RunRecord, Callable[[], Any], Any]] = {}
-        collector.on_error = self._log_failure
-        collector.before_flush = self._release_deferred
+        registration.on_error = self._log_failure
+        registration.before_flush = self._release_deferred
 
     # -- public ---------------------------------------------------------------------------------
     @property
+    def collector(self) -> TraceCollector:
+        """The collector this hook shares with every other hook on its store."""
+        return self.registration.collector
+
+    @property
     def stats(self) -> CaptureStats:
-        return self.collector.stats
+        return self.registration.stats
 
     @property
     def store(self) -> TraceStore:
-        return self.collector.store
+        return self.registration.store
 
     @property
     def active(self) -> bool:
@@ -80,19 +95,20 @@ class Hook:
 
     @property
     def queued(self) -> int:
-        return self.collector.queued
+        return self.registration.queued
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until the runs finished so far are written. True when all were written in time."""
         try:
-            return self.collector.flush(timeout)
+            return self.registration.flush(timeout)
         except Exception as exc:  # pragma: no cover - defensive
             self.fail("flush", exc)
             return False
 
     def unhook(self) -> None:
         """Stop capturing and put the agent's class back as it was (when no other hook still uses it);
-        then write what is queued (up to `exit_timeout` seconds) and stop the writer thread. Idempotent."""
+        then write what is queued (up to `exit_timeout` seconds) and let go of the collector (the last
+        hook on a store stops its threads). Idempotent."""
         with self._lock:
             if not self._active:
                 return
@@ -100,7 +116,7 @@ class Hook:
         _patch.unregister(self._agent_id, self)
         self._release_patches()
         try:
-            self.collector.close(self.collector.exit_timeout)
+            self.registration.close(self.registration.exit_timeout)
         except Exception as exc:  # pragma: no cover - defensive
             self.fail("closing the writer", exc)
 
@@ -118,8 +134,8 @@ class Hook:
     def fail(self, where: str, exc: BaseException) -> None:
         """Count and log a failure inside flowrl. Never raises."""
         try:
-            self.collector.count("capture_errors")
-            self.collector.count("errors")
+            self.registration.count("capture_errors")
+            self.registration.count("errors")
             self._log_failure(where, exc)
         except Exception:  # pragma: no cover - logging itself failed
             pass
@@ -131,7 +147,7 @@ class Hook:
                         exc_info=exc if n == 1 else None)
 
     def unattributed(self) -> None:
-        self.collector.count("unattributed")
+        self.registration.count("unattributed")
 
     def finish(self, rec: RunRecord) -> None:
         """Close a run and hand it to the writer. Never raises."""
@@ -140,9 +156,9 @@ class Hook:
                 return
             rec.close()
             if rec.overflow:
-                self.collector.count("events_over_limit", rec.overflow)
-            self.collector.count("captured")
-            self.collector.submit(rec)
+                self.registration.count("events_over_limit", rec.overflow)
+            self.registration.count("captured")
+            self.registration.submit(rec)
         except Exception as exc:
             self.fail("finishing a run", exc)
 
@@ -219,15 +235,15 @@ class Hook:
                 self.fail(f"unpatching {owner.__name__}.{attr}", exc)
 
     def _agent_gone(self) -> None:
-        """The agent was garbage-collected without unhook(): let go of the class and stop the writer
-        once it has written what is queued. Never blocks: this runs inside the garbage collector,
-        possibly while the interpreter shuts down."""
+        """The agent was garbage-collected without unhook(): let go of the class and of the collector
+        (what is queued is still written). Never blocks and takes no registry lock: this runs inside
+        the garbage collector, possibly while the interpreter shuts down."""
         with self._lock:
             if not self._active:
                 return
             self._active = False
         self._release_patches()
-        self.collector.close(timeout=0)
+        self.registration.abandon()
 
 
 def _on_event_loop() -> bool:
@@ -264,13 +280,16 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
 
     Options: `run_methods`, `tool_methods`, `llm_methods` (method names; defaults for a FlowAgent),
     `adapter` ("auto", "flowagent", "generic"), `mask` (callable str -> str, applied after the built-in
-    secret patterns), `queue_size` (runs waiting for the writer, default 1024), `agent_name`,
+    secret patterns), `queue_size` (this hook's runs waiting for the writer, default 1024), `agent_name`,
     `metadata` (dict added to every trace), `redact` (default True), `max_chars` (longer strings keep
     head and tail), `max_events_per_run` (default 10000), `exit_timeout` (seconds to write at exit and
     on unhook, default 5), `io_threads` (threads doing the fsynced writes, default 8; 0 writes on the
-    writer thread itself).
+    writer thread itself; hooks on one store share them, and the largest number asked for runs).
 
-    Hooking an agent that is already hooked returns its existing Hook (the new options are ignored).
+    Every hook on one store shares the process's one collector for it (one writer thread and its I/O
+    threads). Hooking an agent that is already hooked returns its existing Hook when the store and the
+    options given match the ones it was hooked with, and raises `ConfigError` naming the ones that
+    differ otherwise (unhook it first to hook it with others).
     """
     from flowrl.capture import flowagent, generic
 
@@ -281,44 +300,111 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     if agent is None or isinstance(agent, type):
         raise ConfigError("hook_into_agent needs an agent instance, not None or a class")
     with _patch._LOCK:
-        existing = _patch.lookup(agent)
-        if existing is not None and existing.active:
-            log.debug("flowrl: %r is already hooked; returning its Hook", type(agent).__name__)
-            return existing
-        adapter = options.get("adapter", "auto")
-        if adapter == "auto":
-            adapter = "flowagent" if flowagent.is_flowagent(agent) else "generic"
-        if adapter not in ("flowagent", "generic"):
-            raise ConfigError(f"adapter must be 'auto', 'flowagent' or 'generic', not {adapter!r}")
-        run_methods = _names(options.get("run_methods"), "run_methods")
-        tool_methods = _names(options.get("tool_methods"), "tool_methods")
-        llm_methods = _names(options.get("llm_methods"), "llm_methods")
-        if adapter == "generic" and not run_methods:
-            raise ConfigError(f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
-                              "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])")
-        max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
-        if not isinstance(max_events, int) or max_events < 0:
-            raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
-        mask = options.get("mask")
-        if mask is not None and not callable(mask):
-            raise ConfigError("mask must be a callable taking and returning a str")
-        try:
-            collector = TraceCollector(
-                store, mask=mask, queue_size=options.get("queue_size", DEFAULT_QUEUE_SIZE),
-                redact=bool(options.get("redact", True)), max_chars=options.get("max_chars", 65536),
-                exit_timeout=float(options.get("exit_timeout", DEFAULT_EXIT_TIMEOUT)),
-                io_threads=options.get("io_threads", DEFAULT_IO_THREADS))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"hook_into_agent: {exc}") from exc
-        hook = Hook(agent, collector, adapter=adapter, agent_name=_agent_name(agent, options.get("agent_name")),
-                    metadata=options.get("metadata"), max_events=max_events)
-        module = flowagent if adapter == "flowagent" else generic
-        try:
-            specs = module.plan(agent, hook, run_methods=run_methods, tool_methods=tool_methods,
-                                llm_methods=llm_methods)
-            hook._install(agent, specs)
-        except BaseException:
-            collector.close(0)
-            raise
-    log.info("flowrl: capturing %s (%s) into %s", hook.agent_name, ", ".join(hook.methods), collector.store.root)
+        existing = _already_hooked(agent, store, options)
+    if existing is not None:
+        return existing
+    adapter = _adapter(agent, options.get("adapter", "auto"))
+    run_methods = _names(options.get("run_methods"), "run_methods")
+    tool_methods = _names(options.get("tool_methods"), "tool_methods")
+    llm_methods = _names(options.get("llm_methods"), "llm_methods")
+    if adapter == "generic" and not run_methods:
+        raise ConfigError(f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
+                          "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])")
+    max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
+    if not isinstance(max_events, int) or max_events < 0:
+        raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
+    mask = options.get("mask")
+    if mask is not None and not callable(mask):
+        raise ConfigError("mask must be a callable taking and returning a str")
+    effective = {
+        "adapter": adapter, "run_methods": run_methods, "tool_methods": tool_methods, "llm_methods": llm_methods,
+        "mask": mask, "redact": bool(options.get("redact", True)), "max_events_per_run": max_events,
+        "max_chars": options.get("max_chars", DEFAULT_MAX_CHARS),
+        "queue_size": options.get("queue_size", DEFAULT_QUEUE_SIZE),
+        "exit_timeout": options.get("exit_timeout", DEFAULT_EXIT_TIMEOUT),
+        "io_threads": options.get("io_threads", DEFAULT_IO_THREADS),
+        "agent_name": _agent_name(agent, options.get("agent_name")),
+        "metadata": dict(options.get("metadata") or {}),
+    }
+    try:  # outside _patch._LOCK: whoever holds that lock never waits for the collectors' registry
+        effective["exit_timeout"] = float(effective["exit_timeout"])
+        registration = attach(
+            store, io_threads=effective["io_threads"], mask=mask, queue_size=effective["queue_size"],
+            redact=effective["redact"], max_chars=effective["max_chars"], exit_timeout=effective["exit_timeout"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"hook_into_agent: {exc}") from exc
+    try:
+        with _patch._LOCK:
+            existing = _already_hooked(agent, store, options)  # by another thread, meanwhile
+            if existing is None:
+                hook = Hook(agent, registration, adapter=adapter, agent_name=effective["agent_name"],
+                            metadata=effective["metadata"], max_events=max_events, options=effective)
+                module = flowagent if adapter == "flowagent" else generic
+                specs = module.plan(agent, hook, run_methods=run_methods, tool_methods=tool_methods,
+                                    llm_methods=llm_methods)
+                hook._install(agent, specs)
+    except BaseException:
+        registration.close(0)
+        raise
+    if existing is not None:
+        registration.close(0)
+        return existing
+    log.info("flowrl: capturing %s (%s) into %s", hook.agent_name, ", ".join(hook.methods), hook.store.root)
     return hook
+
+
+def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | None:
+    """The agent's active Hook when the store and options given match it; ConfigError when they do not."""
+    existing = _patch.lookup(agent)
+    if existing is None or not existing.active:
+        return None
+    differ = _differences(existing, agent, store, options)
+    if differ:
+        raise ConfigError(
+            f"{type(agent).__name__} is already hooked (into {existing.store.root}) with other options: "
+            f"{'; '.join(differ)}. Call hook.unhook() first to hook it with these, or call "
+            "hook_into_agent with the same options (or none) to get its Hook")
+    log.debug("flowrl: %r is already hooked; returning its Hook", type(agent).__name__)
+    return existing
+
+
+def _adapter(agent: Any, adapter: Any) -> str:
+    from flowrl.capture import flowagent
+
+    if adapter == "auto":
+        adapter = "flowagent" if flowagent.is_flowagent(agent) else "generic"
+    if adapter not in ("flowagent", "generic"):
+        raise ConfigError(f"adapter must be 'auto', 'flowagent' or 'generic', not {adapter!r}")
+    return adapter
+
+
+def _differences(hook: Hook, agent: Any, store: Any, options: dict[str, Any]) -> list[str]:
+    """What a second `hook_into_agent` on a hooked agent asks for that its Hook does not do. Only the
+    store and the options given are compared (`store=None` and a missing option ask for nothing)."""
+    out = []
+    if store is not None:
+        try:
+            wanted = store_key(as_store(store))
+        except TypeError as exc:
+            raise ConfigError(f"hook_into_agent: {exc}") from exc
+        if wanted != store_key(hook.store):
+            out.append(f"store {wanted} (hooked into {hook.store.root})")
+    for key, value in sorted(options.items()):
+        if key == "adapter":
+            value = _adapter(agent, value)
+        elif key in ("run_methods", "tool_methods", "llm_methods"):
+            value = _names(value, key)
+        elif key == "agent_name":
+            value = _agent_name(agent, value)
+        elif key == "metadata":
+            value = dict(value or {})
+        elif key == "redact":
+            value = bool(value)
+        have = hook.options.get(key)
+        try:
+            same = have is value or bool(have == value)
+        except Exception:  # a value that cannot be compared (e.g. an array in metadata)
+            same = False
+        if not same:
+            out.append(key if key in ("mask", "metadata") else f"{key}={value!r} (hooked with {have!r})")
+    return out
