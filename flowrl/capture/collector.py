@@ -37,111 +37,28 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from flowrl.capture.assemble import complete_trace
 from flowrl.capture.masking import redact_trace
+from flowrl.capture.registration import (
+    BATCH_MAX,
+    DEFAULT_EXIT_TIMEOUT,
+    DEFAULT_IO_THREADS,
+    DEFAULT_MAX_CHARS,
+    DEFAULT_QUEUE_SIZE,
+    CaptureStats,
+    Registration,
+    check_queue_size,
+)
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace, load_trace
 from flowrl.store import TraceStore
 
 log = logging.getLogger("flowrl.capture")
 
-DEFAULT_QUEUE_SIZE = 1024
-DEFAULT_EXIT_TIMEOUT = 5.0
-DEFAULT_IO_THREADS = 8
-DEFAULT_MAX_CHARS = 65536
-BATCH_MAX = 64  # traces built while others waited are written together (one filesystem sync)
 _STOP = object()
-
-
-@dataclass
-class CaptureStats:
-    """Counters of one hook. Read them any time; they only go up."""
-
-    captured: int = 0        # runs finished and handed to the writer
-    dropped: int = 0         # runs not written because the queue was full or the hook was closed
-    written: int = 0         # traces written to the store
-    errors: int = 0          # failures inside flowrl, all kinds (capture steps, building, writing)
-    write_errors: int = 0    # of which: the store refused the write
-    build_errors: int = 0    # of which: a record could not be turned into a valid trace
-    capture_errors: int = 0  # of which: a capture step on the host's side failed (the run went on)
-    batch_write_errors: int = 0  # write_many raised; its traces were then written one at a time
-    mask_failures: int = 0   # values masked whole because the user's mask raised
-    secrets_masked: int = 0  # secrets replaced by the built-in patterns
-    tool_calls: int = 0      # tool calls in written traces
-    llm_calls: int = 0       # LLM calls in written traces
-    unattributed: int = 0    # calls on a hooked agent outside any captured run (not recorded)
-    events_over_limit: int = 0  # events past max_events_per_run (not recorded)
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-class Registration:
-    """One hook's handle on a collector: its counters, its masking and its share of the queue.
-
-    `submit(record)` queues a record (anything with `.build() -> dict`), `flush()` waits for what was
-    queued, `close()` lets go of the collector (the last registration to go stops its threads)."""
-
-    def __init__(self, collector: TraceCollector, *, mask: Callable[[str], str] | None = None,
-                 redact: bool = True, max_chars: int | None = DEFAULT_MAX_CHARS,
-                 queue_size: int = DEFAULT_QUEUE_SIZE, exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
-                 stats: CaptureStats | None = None) -> None:
-        _check_queue_size(queue_size)
-        self.collector = collector
-        self.redactor = Redactor(mask=mask, max_chars=max_chars) if redact else None
-        self.queue_size = queue_size
-        self.exit_timeout = float(exit_timeout)
-        self.stats = stats or CaptureStats()
-        self.lock = threading.RLock()  # reentrant: the garbage collector may count while a count runs
-        # set by the owner (the Hook): how failures are logged, and what to finish before a flush
-        self.on_error: Callable[[str, BaseException], None] | None = None
-        self.before_flush: Callable[[float | None], None] | None = None
-        self.accepted = 0  # records queued (host side, under the collector's lock)
-        self.taken = 0     # records the writer took off the queue (written by the writer thread only)
-        self.failed = 0    # records that failed to build or to write
-        self.failed_reported = 0  # failures a flush() has already answered False for
-        self.closed = False
-
-    @property
-    def store(self) -> TraceStore:
-        return self.collector.store
-
-    @property
-    def queued(self) -> int:
-        return self.accepted - self.taken
-
-    def submit(self, record: Any) -> bool:
-        """Queue a record for writing. Never blocks; False (and counted) when it was dropped."""
-        return self.collector._submit(record, self)
-
-    def count(self, name: str, n: int = 1) -> None:
-        """Add to one of `stats`' counters (thread-safe)."""
-        with self.lock:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def flush(self, timeout: float | None = None) -> bool:
-        return self.collector._flush(timeout, self)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Write what this registration queued (up to `timeout`), then let go of the collector."""
-        return self.collector._release(self, timeout)
-
-    def abandon(self) -> None:
-        """`close` without waiting or taking the registry's lock: for the garbage collector's callbacks.
-        Later submits are dropped at once; the writer thread lets go of the collector soon after."""
-        self._before_flush(0)
-        self.collector._release_later(self)
-
-    def _before_flush(self, timeout: float | None) -> None:
-        if self.before_flush is not None:
-            try:
-                self.before_flush(timeout)
-            except Exception as exc:  # pragma: no cover - defensive
-                self.collector._fail(self, "finishing waiting runs", exc)
 
 
 # -- the process-wide registry: one shared collector per store root ---------------------------------
@@ -164,7 +81,7 @@ def attach(store: TraceStore | str | os.PathLike[str] | None, *, io_threads: int
     `options` are the hook's own (`mask`, `redact`, `max_chars`, `queue_size`, `exit_timeout`, `stats`).
     The collector runs the largest `io_threads` any of its registrations asked for."""
     _check_io_threads(io_threads)
-    _check_queue_size(options.get("queue_size", DEFAULT_QUEUE_SIZE))  # before a collector is made for it
+    check_queue_size(options.get("queue_size", DEFAULT_QUEUE_SIZE))  # before a collector is made for it
     resolved = as_store(store)
     key = store_key(resolved)
     with _REGISTRY_LOCK:
@@ -215,11 +132,6 @@ def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
     if isinstance(store, (str, os.PathLike)):
         return TraceStore(Path(store))
     raise TypeError(f"store must be a TraceStore or a folder path, not {type(store).__name__}")
-
-
-def _check_queue_size(queue_size: Any) -> None:
-    if not isinstance(queue_size, int) or queue_size < 1:
-        raise ValueError(f"queue_size must be a positive integer, not {queue_size!r}")
 
 
 def _check_io_threads(io_threads: Any) -> None:
