@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flowrl.ingest import samples  # noqa: E402
+from tests.fakes import flowagent_files as samples  # noqa: E402
 
 AGENT = "bench_agent"
 

@@ -58,10 +58,10 @@ def run_flowrl(cfg: Any, hw: Any) -> tuple[list[float], list[float], float]:
 def run_raw(cfg: Any, hw: Any) -> tuple[list[float], list[float], float]:
     """The same TRL trainer (built by flowrl's adapter from the same config), trained by calling TRL directly:
     no metrics log, no Ctrl-C handler, no output-folder checks, no card; only a step timer."""
+    from flowrl.models import resolve_model
     from flowrl.train.callbacks import StepTimer
     from flowrl.train.data_io import load_dataset_dir
     from flowrl.train.hardware import resolve_settings
-    from flowrl.models import resolve_model
     from flowrl.train.trainers import build_trl_trainer
 
     started = time.perf_counter()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flowrl.facts import ToolTally, TraceFacts
 from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
 
 _TOOLBOXV2_FIELDS = {
@@ -20,7 +21,7 @@ _TOOLBOXV2_FIELDS = {
 
 
 def _type(info: Any) -> str:
-    text = str(info.annotation).replace("typing.", "").replace("flowrl.schema.", "")
+    text = str(info.annotation).replace("typing.", "").replace("flowrl.schema.", "").replace("flowrl.facts.", "")
     return text.replace("<class '", "").replace("'>", "")
 
 
@@ -52,8 +53,9 @@ the trace JSON written by toolboxv2's rl module (`ExecutionTrace.to_dict()`): th
 (as schema version 0, upgraded on read). Unknown fields are kept on a load/save round trip.
 
 `messages` (the OpenAI-format transcript) is what datasets are built from; the other fields are what
-rewards read. Tool `success` is honest: a result that starts with `Error`/`System-Error` or contains a
-Python traceback is a failure even when the framework reported success.
+rewards read. Tool `success` is honest (`flowrl.facts.tool_failed`): a result that starts with
+`Error`/`System-Error`, contains a Python traceback, or is a dict (or a dict's text) with `success: False` is
+a failure even when the framework reported success.
 
 ## ExecutionTrace
 
@@ -71,6 +73,20 @@ Python traceback is a failure even when the framework reported success.
 
 {_model_table(LLMCall)}
 
+## TraceFacts (`facts`)
+
+What `flowrl.facts` decided about the run, so every reader (rewards, datasets, the judge, the report,
+eval) reads one answer: the run's outcome and the rule that decided it, per-tool tallies of judged calls
+and failures, the task key, the reference answer (never one guessed from another run) and its source.
+Filled by capture, ingest and the upgrade to version 3; the task key and reference are refreshed whenever
+the trace is written. Labels are not stored here: `flowrl.facts.label_at` decides them from the scores.
+
+{_model_table(TraceFacts)}
+
+`facts.tools` values (ToolTally):
+
+{_model_table(ToolTally)}
+
 ## Versions
 
 Files carry `schema_version`. Older files are upgraded on read by an ordered list of small functions
@@ -81,6 +97,7 @@ Files carry `schema_version`. Older files are upgraded on read by an ordered lis
 | 0 | toolboxv2 rl-module files (no `schema_version`) |
 | 1 | flowrl fields added; `source` defaults to `import`; tool results with a traceback marked failed |
 | 2 | every trace has canonical `messages` (synthesised ones are marked `metadata.transcript = "synthesized"`); LLM calls may carry `prompt_token_ids`, `token_ids`, `logprobs`, `tokenizer`, `token_ids_dropped` |
+| 3 | `facts` added (`flowrl.facts`: outcome, tool tallies, task key, reference answer); tool `success` re-judged by the one rule (a `"{{'success': False, ...}}"` result is a failure) |
 """
 
 

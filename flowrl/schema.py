@@ -1,10 +1,15 @@
 """The trace model: one agent run, as stored on disk.
 
 A superset of the JSON written by toolboxv2's rl module (`ExecutionTrace.to_dict()`), so those files
-load unchanged. This module imports nothing else of flowrl's; everything else imports it.
+load unchanged. Everything else of flowrl's imports it.
 
 Files carry `schema_version`. Older files (toolboxv2's have none: version 0) are upgraded by the
 ordered list of small functions in `MIGRATIONS`, each taking a dict of version N to version N+1.
+
+What a trace means (a tool failed, the run's outcome, its task, its reference answer, its label) is decided
+by `flowrl.facts`, the module beside this one; its decisions are stored in `facts` (`TraceFacts`, defined
+there with the rules that fill it). This module imports only `flowrl.facts`, `flowrl.transcript` and
+`flowrl.errors`, which import nothing of flowrl's above them: no import circle.
 """
 
 from __future__ import annotations
@@ -19,16 +24,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flowrl.errors import SchemaError
+from flowrl.facts import TraceFacts, honest_tool_calls, result_failed, stored_facts, trace_facts
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Source = Literal["live", "checkpoint", "obs", "live-file", "import"]
 SOURCES: tuple[str, ...] = ("live", "checkpoint", "obs", "live-file", "import")
-
-_TOOL_ERROR_PREFIXES = ("Error", "System-Error")
-_TRACEBACK = "Traceback (most recent call last)"
 
 
 def now_iso() -> str:
@@ -42,21 +45,10 @@ def new_trace_id() -> str:
 
 
 def result_is_failure(result: Any) -> bool:
-    """Honest tool success: FlowAgent reports success for results that are really failures.
-
-    A result that starts with `Error`/`System-Error` or contains a Python traceback is a failure,
-    even when the framework said "ok" (reference §7). Dict results are judged on their repr, which is
-    what FlowAgent puts into the transcript.
-    """
-    text = result if isinstance(result, str) else repr(result)
-    stripped = text.lstrip()
-    if stripped.startswith(_TOOL_ERROR_PREFIXES):
-        return True
-    if _TRACEBACK in text:
-        return True
-    if isinstance(result, dict) and result.get("success") is False:
-        return True
-    return False
+    """Honest tool success: is this result a failure whatever the framework said? The rule is
+    `flowrl.facts.result_failed` (an `Error`/`System-Error` head, a traceback, a dict or dict text with
+    `success: False`); this name is kept for callers of the schema."""
+    return result_failed(result)
 
 
 class _Model(BaseModel):
@@ -146,13 +138,19 @@ class ExecutionTrace(_Model):
     label_source: Literal["manual", "engine"] | None = None
     group_key: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    facts: TraceFacts | None = None
 
     def date(self) -> str:
         """The store's date folder for this trace (YYYY-MM-DD), from `timestamp`."""
         return trace_date(self.timestamp)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The trace as stored. Stored `facts` get the task's facts (key, reference) refreshed from the current
+        fields (`flowrl.facts.stored_facts`): the host may have named or annotated the task since."""
+        data = self.model_dump(mode="json")
+        if self.facts is not None:
+            data["facts"] = stored_facts(self).model_dump(mode="json")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrace:
@@ -203,7 +201,23 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1, _v1_to_v2]
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Tool `success` re-judged by the one rule (`flowrl.facts.tool_failed`: exec_code's
+    `"{'success': False, ...}"` text is a failure too), and `facts` filled (`flowrl.facts.trace_facts`).
+    A dict the schema would reject gets no facts here; validation reports it right after."""
+    calls = data.get("tool_calls")
+    if isinstance(calls, list):
+        data["tool_calls"] = honest_tool_calls(calls)
+    data["schema_version"] = 3
+    if data.get("facts") is None:
+        try:
+            data["facts"] = trace_facts(ExecutionTrace.model_validate(data)).model_dump(mode="json")
+        except ValidationError:
+            pass
+    return data
+
+
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -7,15 +7,30 @@ load unchanged.
 
 Redaction is not done here: whoever builds a trace from the outside world (capture, ingest) masks it
 before calling `write`. The store only stores.
+
+Three things keep it right when it is shared:
+
+- **Problems per operation.** A file that cannot be read is skipped and recorded in the `ReadProblems` of
+  the operation that read it, once per file however often it was read. `with store.operation() as op:`
+  groups several listings into one operation; outside one, each `iter_paths`/`iter_traces` call starts
+  afresh, and `store.problems` is the latest operation's record (per thread).
+- **Read-modify-write under a lock.** `label`, `modify` and `update` hold `{root}/.flowrl-store.lock`
+  (`flock`, so threads and processes both wait) from the read to the rename. `update` also keeps a
+  manual review that was stored after the caller read its copy: a score written back by `flowrl score`
+  cannot undo a label given meanwhile. `write`/`write_many` (new traces: capture, ingest) take no lock.
+- **An index for `find`** (`flowrl.store_index`): O(1) after the first call, kept fresh by this
+  object's writes and by a cheap check, on a miss, of whether any process wrote since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -24,12 +39,14 @@ from typing import Any
 import orjson
 
 from flowrl.errors import SchemaError, StoreError
+from flowrl.facts import is_manual_label
 from flowrl.schema import ExecutionTrace, load_trace
+from flowrl.store_index import TraceIndex, day_dirs
 
 log = logging.getLogger(__name__)
 
-_DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+LOCK_NAME = ".flowrl-store.lock"
 
 
 def default_root() -> Path:
@@ -106,6 +123,36 @@ class ReadProblem:
     message: str
 
 
+class ReadProblems(list[ReadProblem]):
+    """The files one operation could not read, each once: a build that reads the store twice (embedding
+    grouping) still has one problem per broken file. `add` says whether the file was new."""
+
+    def __init__(self, problems: Iterable[ReadProblem] = ()) -> None:
+        super().__init__()
+        self._paths: set[Path] = set()
+        for problem in problems:
+            self.add(problem)
+
+    def add(self, problem: ReadProblem) -> bool:
+        key = Path(problem.path)
+        if key in self._paths:
+            return False
+        self._paths.add(key)
+        super().append(problem)
+        return True
+
+    def append(self, problem: ReadProblem) -> None:  # callers that treat it as a list dedupe too
+        self.add(problem)
+
+
+class _Operations(threading.local):
+    """Per thread: the operation now open (`TraceStore.operation`), and the latest one's record."""
+
+    def __init__(self) -> None:
+        self.current: ReadProblems | None = None
+        self.last = ReadProblems()
+
+
 @dataclass
 class TraceFilter:
     """Filters for `TraceStore.iter_traces`. Dates are inclusive; None means 'any'."""
@@ -146,10 +193,12 @@ class TraceStore:
     """A folder of traces. Pass it around; `TraceStore.default()` follows `FLOWRL_HOME`."""
 
     root: Path
-    problems: list[ReadProblem] = field(default_factory=list)
+    _ops: _Operations = field(default_factory=_Operations, init=False, repr=False, compare=False)
+    _write_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).expanduser()
+        self._index = TraceIndex(self.root)
 
     @classmethod
     def default(cls) -> TraceStore:
@@ -158,6 +207,38 @@ class TraceStore:
     @property
     def staging(self) -> Path:
         return self.root / ".staging"
+
+    # -- problems, per operation ------------------------------------------------------------
+    @property
+    def problems(self) -> ReadProblems:
+        """The files skipped as unreadable by the open `operation()`, else by the latest listing."""
+        return self._ops.current if self._ops.current is not None else self._ops.last
+
+    @contextlib.contextmanager
+    def operation(self) -> Iterator[ReadProblems]:
+        """One operation (a listing, a build, a report): its problems, apart from every other's.
+
+        Every listing inside records into the record yielded here. A nested operation's problems also
+        count for the one around it. After the outermost one, `store.problems` still names them."""
+        ops = self._ops
+        outer, ops.current = ops.current, ReadProblems()
+        record = ops.current
+        try:
+            yield record
+        finally:
+            ops.current = outer
+            if outer is None:
+                ops.last = record
+            else:
+                for problem in record:
+                    outer.add(problem)
+
+    def _begin(self) -> ReadProblems:
+        """The record a listing writes to: the open operation's, else a fresh one."""
+        if self._ops.current is not None:
+            return self._ops.current
+        self._ops.last = ReadProblems()
+        return self._ops.last
 
     # -- writing ----------------------------------------------------------------------------
     def path_for(self, trace: ExecutionTrace) -> Path:
@@ -171,6 +252,7 @@ class TraceStore:
             atomic_write_bytes(path, dumps(trace), self.staging)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space") from exc
+        self._index.added(trace.trace_id, path)
         return path
 
     def write_many(self, traces: list[ExecutionTrace]) -> list[Path]:
@@ -192,6 +274,7 @@ class TraceStore:
             for tmp, path in staged:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp, path)
+                self._index.added(path.stem, path)
         except OSError as exc:
             for tmp, _ in staged:
                 try:
@@ -202,37 +285,83 @@ class TraceStore:
         return [path for _, path in staged]
 
     def update(self, trace: ExecutionTrace) -> Path:
-        """Rewrite a stored trace in place (its existing file), or write it if it is new."""
-        existing = self.find(trace.trace_id)
-        if existing is None:
-            return self.write(trace)
-        try:
-            atomic_write_bytes(existing, dumps(trace), self.staging)
-        except OSError as exc:
-            raise StoreError(f"cannot write {existing}: {exc.strerror or exc}") from exc
-        return existing
+        """Rewrite a stored trace in place (its existing file), or write it if it is new.
+
+        Under the store's lock. When the stored file carries a manual review and `trace` does not (it was
+        read before the label was given), the stored review is copied onto `trace` before writing: a score
+        write never undoes a label. Use `label` to change a manual review."""
+        with self._locked():
+            existing = self.find(trace.trace_id)
+            if existing is None:
+                return self.write(trace)
+            if not is_manual_label(trace):
+                try:
+                    stored = self.read_path(existing)
+                except SchemaError:
+                    stored = None
+                if stored is not None and is_manual_label(stored):
+                    for name in _REVIEW_FIELDS:
+                        setattr(trace, name, getattr(stored, name))
+            self._rewrite(existing, trace)
+            return existing
+
+    def modify(self, trace_id: str, change: Callable[[ExecutionTrace], object]) -> ExecutionTrace:
+        """Read a stored trace, apply `change` to it and write it back, with no other `modify`, `update`
+        or `label` (of any thread or process) between the read and the write. Returns the trace written."""
+        with self._locked():
+            path = self.find(trace_id)
+            if path is None:
+                raise StoreError(f"no trace {trace_id!r} under {self.root}: list them with `flowrl traces ls`")
+            trace = self.read_path(path)
+            change(trace)
+            self._rewrite(path, trace)
+        return trace
 
     def label(self, trace_id: str, label: bool, notes: str = "") -> ExecutionTrace:
         """Record a manual review verdict. A manual label always wins over the engine's."""
-        trace = self.get(trace_id)
-        trace.label = bool(label)
-        trace.label_source = "manual"
-        trace.manual_review = True
-        trace.review_notes = notes
-        self.update(trace)
-        return trace
+
+        def review(trace: ExecutionTrace) -> None:
+            trace.label = bool(label)
+            trace.label_source = "manual"
+            trace.manual_review = True
+            trace.review_notes = notes
+
+        return self.modify(trace_id, review)
+
+    def _rewrite(self, path: Path, trace: ExecutionTrace) -> None:
+        try:
+            atomic_write_bytes(path, dumps(trace), self.staging)
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The store's write lock: `flock` on `{root}/.flowrl-store.lock` (threads and processes alike), or,
+        where the platform has no `flock`, a lock for this object's threads."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: this process's threads only
+            with self._write_lock:
+                yield
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fh = open(self.root / LOCK_NAME, "a+b")
+        except OSError as exc:
+            raise StoreError(f"cannot lock {self.root / LOCK_NAME}: {exc.strerror or exc}: check the store's permissions") from exc
+        with fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def find(self, trace_id: str) -> Path | None:
+        """The file of `trace_id`, or None. O(1) after the first call (see `flowrl.store_index`)."""
+        _check_id(trace_id)
+        return self._index.find(trace_id)
 
     # -- reading ----------------------------------------------------------------------------
-    def find(self, trace_id: str) -> Path | None:
-        _check_id(trace_id)
-        if not self.root.is_dir():
-            return None
-        for day in sorted(self._day_dirs(), reverse=True):
-            candidate = day / f"{trace_id}.json"
-            if candidate.is_file():
-                return candidate
-        return None
-
     def exists(self, trace_id: str) -> bool:
         return self.find(trace_id) is not None
 
@@ -257,14 +386,14 @@ class TraceStore:
             raise SchemaError(f"{path}: not valid JSON ({exc})") from exc
         return load_trace(data, origin=str(path))
 
-    def _day_dirs(self) -> list[Path]:
-        try:
-            return [p for p in self.root.iterdir() if p.is_dir() and _DATE_DIR.match(p.name)]
-        except FileNotFoundError:
-            return []
-
     def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
-        for day in sorted(self._day_dirs()):
+        """Stored trace files, oldest day first. Outside an `operation()`, a listing starts a fresh
+        `problems` record (what its caller skips while reading them goes there)."""
+        self._begin()
+        yield from self._paths(flt)
+
+    def _paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
+        for day in sorted(day_dirs(self.root)):
             if flt is not None and not flt.day_ok(day.name):
                 continue
             try:
@@ -276,22 +405,27 @@ class TraceStore:
                     yield day / name
 
     def iter_traces(self, flt: TraceFilter | None = None, **filters: Any) -> Iterator[ExecutionTrace]:
-        """Stream stored traces, oldest day first. Corrupt files are logged, recorded in
-        `self.problems` and skipped; they never stop the iteration."""
+        """Stream stored traces, oldest day first. Corrupt files are logged, recorded once each in this
+        operation's `problems` and skipped; they never stop the iteration."""
         if flt is None:
             flt = TraceFilter(**{k: _coerce_date(k, v) for k, v in filters.items()})
-        for path in self.iter_paths(flt):
+        problems = self._begin()
+        for path in self._paths(flt):
             try:
                 trace = self.read_path(path)
             except SchemaError as exc:
-                self.problems.append(ReadProblem(path, str(exc)))
-                log.warning("flowrl: skipping %s", exc)
+                if problems.add(ReadProblem(path, str(exc))):
+                    log.warning("flowrl: skipping %s", exc)
                 continue
             if flt.matches(trace):
                 yield trace
 
     def count(self) -> int:
-        return sum(1 for _ in self.iter_paths())
+        return sum(1 for _ in self._paths())
+
+
+# The fields of a person's review: `label` writes them, `update` never undoes them.
+_REVIEW_FIELDS = ("label", "label_source", "manual_review", "review_notes")
 
 
 def _coerce_date(key: str, value: Any) -> Any:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.errors import ModelError
 from flowrl import models
+from flowrl.errors import ModelError
 from flowrl.models import (
     DEFAULT_MODEL,
     MANIFEST,

@@ -116,13 +116,16 @@ def test_compute_for_group_on_fixture_traces(tmp_path):
     assert z[0] == max(z)  # 0498911e921f: the clean run is the best of the three
 
 
-def test_broken_reward_is_none_not_fatal():
+def test_broken_reward_is_an_error_not_fatal():
     engine = RewardEngine({"ok": Fixed("ok", 1.0), "broken": Broken(), "broken_batch": BrokenBatch()},
                           {"ok": 1.0, "broken": 1.0, "broken_batch": 1.0})
     results = engine.compute_all(ExecutionTrace())
-    assert results["broken"].value is None and "kaputt" in results["broken"].details["error"]
-    assert results["broken_batch"].value is None
-    assert engine.compute_combined(results) == 1.0
+    assert results["broken"].value is None and "kaputt" in results["broken"].error
+    assert "kaputt" in results["broken"].details["error"]  # kept with the trace's reward_details
+    assert results["broken_batch"].value is None and "whole batch failed" in results["broken_batch"].error
+    assert results["ok"].error is None
+    assert engine.compute_combined(results) is None  # not 1.0, the mean re-weighted over "ok" alone
+    assert engine.get_binary_label(results) is None
 
 
 def test_learned_reward_sees_fresh_values():

@@ -36,14 +36,19 @@ def test_prompts_come_from_the_validation_split_in_any_trl_format(tmp_path: Path
         prompts, split = load_prompts(data)
         assert split == "validation"
         assert prompts and all(p.messages[-1]["role"] == "user" for p in prompts)
-        # the good answer each format implies (KTO: only for rows labelled desirable)
-        assert (any if method == "kto" else all)(p.reference for p in prompts)
+        # a reference only where the row has one (GRPO's `reference` column); an answer a logged run gave
+        # (DPO chosen, a desirable KTO completion, an SFT reply) is a guess, never a reference (flowrl.facts)
+        assert [p.reference is not None for p in prompts] == [method == "grpo"] * len(prompts)
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "Say hi.", "reference_answer": "hi", "task": "greet"}\n{"prompt": "Say hi."}\n')
     prompts, split = load_prompts(jsonl)
     assert split is None and len(prompts) == 1  # deduplicated
     assert prompts[0].messages == [{"role": "user", "content": "Say hi."}]
     assert prompts[0].reference == "hi" and prompts[0].metadata["task"] == "greet"
+    guessed = tmp_path / "g.jsonl"
+    guessed.write_text('{"prompt": "Sum?", "reference_answer": "55", "reference_source": "best_trace"}\n')
+    (prompt,), _ = load_prompts(guessed)
+    assert prompt.reference is None and "reference_answer" not in answer_trace(prompt, "55").metadata
 
 
 def test_answer_trace_carries_query_answer_and_reference(tmp_path: Path) -> None:

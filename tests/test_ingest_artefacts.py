@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flowrl.ingest import CheckpointLoader, ingest_paths, samples
+from flowrl.ingest import CheckpointLoader, ingest_paths
 from flowrl.store import TraceStore
+from tests.fakes import flowagent_files as samples
 
 AGENT = "agent"
 Q1, A1 = "Weather in Paris?", "Paris: 18C, cloudy."

@@ -18,9 +18,9 @@ from helpers_tiny_train import build_tiny_model, write_tiny_dataset  # noqa: E40
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 
 from flowrl.errors import ConfigError  # noqa: E402
+from flowrl.models import ResolvedModel, load_for_inference  # noqa: E402
 from flowrl.train import TrainingConfig, TrainingPipeline  # noqa: E402
 from flowrl.train.hardware import HardwareInfo  # noqa: E402
-from flowrl.models import ResolvedModel, load_for_inference  # noqa: E402
 
 CPU = HardwareInfo(accelerator="cpu", cpu_count=2)
 METHODS = ["grpo", "grpo-offline", "kto", "sft", "dpo"]

@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 
+from flowrl import facts
 from flowrl import transcript as tr
 from flowrl.capture import assemble, hook_into_agent
 from flowrl.data import conversation
 from flowrl.data.conversation import trace_conversation
-from flowrl.ingest import ingest_paths, samples
+from flowrl.ingest import ingest_paths
 from flowrl.ingest import transcript as ingest_transcript
 from flowrl.rewards import views
 from flowrl.rewards.engine import RewardEngine
 from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, ToolCallTrace, load_trace
 from flowrl.store import TraceStore
+from tests.fakes import flowagent_files as samples
 from tests.fakes import flushed
 from tests.fakes.fake_flowagent import make_agent, tc, turn
 
@@ -149,7 +151,7 @@ def test_upgrade_synthesises_messages_for_a_trace_without_a_transcript() -> None
     data = {"schema_version": 1, "trace_id": "t1", "user_query": "weather?", "final_response": "sunny",
             "tool_calls": [{"tool_name": "get_weather", "arguments": {"city": "Paris"}, "result": "21C"}]}
     t = load_trace(data)
-    assert t.schema_version == SCHEMA_VERSION == 2
+    assert t.schema_version == SCHEMA_VERSION == 3
     assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
     assert t.tool_calls[0].call_id == "call_1" == t.messages[1]["tool_calls"][0]["id"]
     assert t.metadata["transcript"] == "synthesized" and tr.is_synthesized(t.metadata)
@@ -170,7 +172,7 @@ def test_upgrade_gives_a_recorded_transcript_one_shape_and_keeps_it_unmarked() -
 
 
 def test_the_old_places_call_this_module() -> None:
-    assert views.parse_arguments is tr.parse_arguments is ingest_transcript.parse_arguments
+    assert facts.parse_arguments is tr.parse_arguments is ingest_transcript.parse_arguments  # views reads facts
     assert assemble.tool_call_parts is tr.tool_call_parts
     assert ingest_transcript.dedup_tool_results is tr.dedup_tool_results
     assert conversation.normalize_message is tr.normalize_message

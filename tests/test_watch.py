@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.ingest import samples
 from flowrl.ingest.watch import STATE_NAME, Watcher
 from flowrl.store import TraceStore
+from tests.fakes import flowagent_files as samples
 
 AGENT = "agent"
 PICKUP_S = 2.0

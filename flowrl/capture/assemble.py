@@ -5,10 +5,14 @@ Rules (reference flowagent-0.1.28 §7):
   is one call: the engine's record, with the function's own timing and raw error attached;
 - in `a_stream`, calls seen only as `tool_start`/`tool_result` chunks (e.g. `think`) are added when no
   layer recorded that call id;
-- tool success is honest: an exception, or a result that starts with `Error`/`System-Error` or holds a
-  traceback, is a failure whatever the framework said (`flowrl.schema.result_is_failure`);
+- tool success is honest: an exception, or a result that is a failure (`Error`/`System-Error` head, a
+  traceback, `success: False` in a dict or its text) is a failure whatever the framework said
+  (`flowrl.facts.tool_failed`, the rule every reader uses);
 - `think` results are reasoning steps, one per `tool_call_id`;
 - `final_answer` is the answer, not a tool call; its `success` argument is the model's own verdict;
+- `success` is what the run said about itself (`flowrl.facts.reported_success`: an exception, a failed
+  status, an error answer, else the final_answer flag, else the stream's `done` flag); the facts
+  (`flowrl.facts`, outcome, tool tallies, task key) are filled when the dict is loaded as a trace;
 - the transcript (arguments, tool-call shape, duplicate tool results, synthesis when the agent has none,
   the `final_answer` call) is read and written by `flowrl.transcript`, as ingest and rewards read it.
 """
@@ -19,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from flowrl.capture.recorder import RunRecord
-from flowrl.schema import result_is_failure
+from flowrl.facts import reported_success, tool_failed
 from flowrl.transcript import (
     canonical_messages,
     complete_messages,
@@ -28,7 +32,6 @@ from flowrl.transcript import (
     tool_call_parts,
 )
 
-FAILED_STATUSES = frozenset({"max_iterations", "cancelled", "failed", "error"})
 ERROR_TEXT_CHARS = 500
 
 
@@ -51,7 +54,7 @@ def _text(value: Any) -> str:
 def _judge(result: str, raw: Any, exc: str | None) -> tuple[bool, str | None]:
     if exc:
         return False, exc
-    if result_is_failure(raw if raw is not None else result):
+    if tool_failed(raw if raw is not None else result):
         return False, result[:ERROR_TEXT_CHARS]
     return True, None
 
@@ -295,18 +298,8 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     done_success = _get(chunks.get("done"), "success")
 
     status = rec.status
-    if rec.exc is not None:
-        success: bool | None = False
-    elif status in FAILED_STATUSES:
-        success = False
-    elif final_text.startswith("Error:"):
-        success = False
-    elif fa_success is not None:
-        success = fa_success
-    elif isinstance(done_success, bool):
-        success = done_success
-    else:
-        success = None
+    success = False if rec.exc is not None else reported_success(
+        answers=(fa.get("answer"), final_text), status=status, final_answer_success=fa_success, reported=done_success)
 
     tins = [c["tokens_in"] for c in llm_calls if isinstance(c.get("tokens_in"), (int, float))]
     touts = [c["tokens_out"] for c in llm_calls if isinstance(c.get("tokens_out"), (int, float))]

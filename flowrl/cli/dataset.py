@@ -83,7 +83,7 @@ def build_dataset(
     for line in result.summary_lines():
         console.print(line, highlight=False, markup=False)
     console.print(f"built in {result.elapsed_s:.1f}s; card: {result.out / 'README.md'}", highlight=False, markup=False)
-    report_problems(st)
+    report_problems(result.problems)
 
 
 def _with_progress(pipeline, st, out, parquet, overwrite):  # type: ignore[no-untyped-def]

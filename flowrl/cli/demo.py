@@ -13,7 +13,7 @@ def demo(
     kto_steps: int = typer.Option(4, min=1, help="KTO training steps."),
     grpo_steps: int = typer.Option(2, min=1, help="GRPO training steps."),
     quant: str = typer.Option("q8_0", help="GGUF quantisation: f16, bf16, q8_0 or q4_0."),
-    flowagent_data: Path | None = typer.Option(None, help="A toolboxv2 data dir to ingest too (default: the FlowAgent 0.1.28 fixtures in a repo checkout)."),
+    flowagent_data: Path | None = typer.Option(None, help="A toolboxv2 data dir to ingest (default: the FlowAgent 0.1.28 files shipped with flowrl)."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of reusing what an earlier run made."),
 ) -> None:
     """Run the whole loop: capture, ingest, score, build, train, eval, export, report."""

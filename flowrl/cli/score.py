@@ -11,7 +11,7 @@ from rich.table import Table
 from flowrl.cli.common import StoreOption, console, err_console, open_store
 from flowrl.errors import ConfigError
 from flowrl.rewards.engine import RewardEngine
-from flowrl.rewards.scoring import ScoreSummary, score_store
+from flowrl.rewards.scoring import DEFAULT_MAX_ERROR_RATE, ErrorBudgetExceeded, ScoreSummary, score_store
 
 
 def _fmt(value: float | None) -> str:
@@ -19,21 +19,36 @@ def _fmt(value: float | None) -> str:
 
 
 def print_summary(summary: ScoreSummary, root: Path) -> None:
-    table = Table("reward", "weight", "mean", "scored", "None")
+    table = Table("reward", "weight", "mean", "scored", "cannot judge", "errors")
     for name, stats in summary.rewards.items():
-        table.add_row(name, f"{summary.weights.get(name, 0):g}", _fmt(stats.mean), str(stats.values), str(stats.none))
-    table.add_row("[bold]combined[/bold]", "", _fmt(summary.combined.mean), str(summary.combined.values),
-                  str(summary.combined.none))
+        table.add_row(name, f"{summary.weights.get(name, 0):g}", _fmt(stats.mean), str(stats.values), str(stats.none),
+                      f"[red]{stats.errors}[/red]" if stats.errors else "0")
     if summary.scored:
+        table.add_row("[bold]combined[/bold]", "", _fmt(summary.combined.mean), str(summary.combined.values),
+                      str(summary.combined.none), str(summary.combined.errors))
+    if summary.computed:
         console.print(table)
-    console.print(
-        f"scored {summary.scored} of {summary.seen} traces under {root}"
-        + (f", {summary.skipped} already scored (use --all to rescore)" if summary.skipped else "")
-        + (f", {summary.failed} failed" if summary.failed else "")
-    )
+    for name, stats in summary.rewards.items():
+        if stats.errors:
+            err_console.print(f"[red]error[/red] {name} crashed on {stats.errors} of {summary.computed} traces, "
+                              f"first: {stats.first_error}", markup=True, highlight=False)
+    if summary.over_budget():  # score_store wrote nothing
+        console.print(f"computed {summary.computed} of {summary.todo} traces under {root}; nothing written: "
+                      f"{summary.error_results} of {summary.results} results are errors "
+                      f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%)")
+    else:
+        console.print(
+            f"scored {summary.scored} of {summary.seen} traces under {root}"
+            + (f", {summary.skipped} already scored (use --all to rescore)" if summary.skipped else "")
+            + (f", {summary.failed} failed" if summary.failed else "")
+        )
     if summary.scored:
         console.print(f"labels: {summary.good} good, {summary.bad} bad, {summary.unlabelled} unlabelled"
                       + (f" ({summary.manual_kept} manual labels kept)" if summary.manual_kept else ""))
+    if summary.errored:
+        console.print(f"errors: {summary.error_results} of {summary.results} results "
+                      f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%); {summary.errored} traces "
+                      "written without a combined score or engine label (fix the reward, then rescore with --all)")
     for name, report in summary.prepared.items():
         if report is not None and getattr(report, "trained", False):
             acc = report.heldout_accuracy
@@ -50,8 +65,13 @@ def score_cmd(
     config: Path | None = typer.Option(None, "--config", "-c", help="Reward config (TOML or YAML): rewards and weights."),
     all_: bool = typer.Option(False, "--all", help="Rescore every trace, not only those without a score."),
     workers: int = typer.Option(4, "--workers", "-j", min=1, help="Batches scored in parallel."),
+    max_error_rate: float = typer.Option(
+        DEFAULT_MAX_ERROR_RATE, "--max-error-rate", min=0.0, max=1.0,
+        help="Write nothing when more than this share of the (trace, reward) results are errors (a reward crashed)."),
 ) -> None:
-    """Score traces with the reward engine and write rewards, score and label onto each trace."""
+    """Score traces with the reward engine and write rewards, score and label onto each trace.
+
+    A reward that crashes is an error, not "cannot judge": past --max-error-rate nothing is written."""
     if config is not None and not config.is_file():
         raise ConfigError(f"{config}: no such reward config file")
     st = open_store(store)
@@ -65,7 +85,13 @@ def score_cmd(
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            summary = score_store(st, engine, rescore_all=all_, progress=progress, workers=workers)
+            try:
+                summary = score_store(st, engine, rescore_all=all_, progress=progress, workers=workers,
+                                      max_error_rate=max_error_rate)
+            except ErrorBudgetExceeded as exc:
+                bar.stop()
+                print_summary(exc.summary, st.root)
+                raise
     print_summary(summary, st.root)
 
 

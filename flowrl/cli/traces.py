@@ -10,9 +10,11 @@ from rich.table import Table
 
 from flowrl.cli.common import StoreOption, console, open_store, report_problems
 from flowrl.errors import ConfigError
+from flowrl.facts import is_manual_label, run_outcome
 from flowrl.store import TraceFilter, dumps
 
 traces_app = typer.Typer(help="List, show and label stored traces.", no_args_is_help=True)
+_OUTCOME = {"succeeded": "yes", "failed": "no", "partial": "partly", "unknown": ""}  # flowrl.facts.run_outcome
 
 
 def _date(value: str | None, name: str) -> date | None:
@@ -64,9 +66,9 @@ def ls(
         id_width = max(id_width, len(t.trace_id))
         table.add_row(
             t.trace_id, t.timestamp[:16].replace("T", " "), t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
-            "" if t.success is None else ("yes" if t.success else "no"),
+            _OUTCOME[run_outcome(t).verdict],
             "" if t.reward_score is None else f"{t.reward_score:.2f}",
-            "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if t.label_source == "manual" else ""),
+            "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if is_manual_label(t) else ""),
             (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
         )
     table.columns[0].min_width = id_width  # ids are typed back into `show` and `label`: never cut them

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from flowrl.data.conversation import ArgumentsAs, Conversation
 from flowrl.errors import ConfigError
+from flowrl.facts import is_manual_label, label_at
 from flowrl.schema import SOURCES, ExecutionTrace
 from flowrl.store import TraceFilter
 
@@ -55,21 +56,15 @@ class DatasetFilter:
 
 
 def is_manual(trace: ExecutionTrace) -> bool:
-    return trace.label is not None and (trace.label_source == "manual" or (trace.label_source is None and trace.manual_review))
+    """A label a person gave (`flowrl.facts.is_manual_label`)."""
+    return is_manual_label(trace)
 
 
 def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tuple[bool | None, str]:
-    """(label, where it came from). A manual label always wins; then `reward_score >= threshold` when a
-    threshold is given; then the engine's stored label; then `reward_score >= 0.5`; else (None, "none")."""
-    if is_manual(trace):
-        return bool(trace.label), "manual"
-    if threshold is not None and trace.reward_score is not None:
-        return trace.reward_score >= threshold, "threshold"
-    if trace.label is not None:
-        return bool(trace.label), "engine"
-    if trace.reward_score is not None:
-        return trace.reward_score >= 0.5, "threshold"
-    return None, "none"
+    """(label, where it came from): the one label rule, `flowrl.facts.label_at`. A manual label always wins;
+    then the reward score at `threshold` when one is given; then the engine's stored label; then the reward
+    score at the engine's default threshold (0.6); a run whose correctness reward is 0 is never good."""
+    return label_at(trace, threshold)
 
 
 @dataclass(slots=True)

@@ -26,12 +26,12 @@ messages (a tool result nobody answered, an internal follow-up prompt) are dropp
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from flowrl.facts import query_key
 from flowrl.schema import ExecutionTrace
 from flowrl.transcript import (
     ArgumentsAs,
@@ -46,8 +46,6 @@ __all__ = [
     "ArgumentsAs", "Conversation", "find_prompt_end", "fit_trajectory", "message_chars", "normalize_message",
     "normalize_query", "normalize_tool_call", "synthesize_messages", "synthesize_tools", "trace_conversation",
 ]
-
-_WS = re.compile(r"\s+")
 
 
 @dataclass
@@ -89,8 +87,9 @@ def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict
 
 
 def normalize_query(text: str) -> str:
-    """Case-, space- and trailing-punctuation-insensitive form of a user turn."""
-    return _WS.sub(" ", (text or "").casefold()).strip().rstrip(".?!").strip()
+    """Case-, space- and trailing-punctuation-insensitive form of a user turn (`flowrl.facts.query_key`, the
+    rule the task key uses too)."""
+    return query_key(text)
 
 
 def find_prompt_end(messages: list[dict[str, Any]], user_query: str = "") -> int:

@@ -1,9 +1,10 @@
 """Which traces are "the same task": the groups GRPO, DPO and the train/validation split work on.
 
 Three ways, chosen with `group_by`:
-- `query` (default): the same user turn after `normalize_query` (case, runs of spaces and trailing
-  `.?!` ignored);
-- `group_key`: the `group_key` the host set on the trace; traces without one fall back to `query`;
+- `query` (default): the same user turn after `flowrl.facts.query_key` (case, runs of spaces and trailing
+  `.?!` ignored), whatever `group_key` the host set;
+- `group_key`: the task key of `flowrl.facts.task_key`, the one the judge and `flowrl score` group by: the
+  `group_key` the host set on the trace, else the user turn as in `query`;
 - `embedding`: user turns whose sentence embeddings have cosine similarity >= `similarity` join one
   group (greedy: each query joins the first earlier group leader it is close enough to, in sorted
   order, so the result is deterministic). The model is all-MiniLM-L6-v2 from the optional PyPI package
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flowrl.data.conversation import normalize_query
 from flowrl.errors import ConfigError, MissingExtraError
+from flowrl.facts import query_key
 from flowrl.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class Grouper:
         """The key before any clustering: `k:<group_key>` or `q:<normalised query>`."""
         if self.group_by == "group_key" and trace.group_key:
             return "k:" + trace.group_key
-        return "q:" + normalize_query(trace.user_query)
+        return "q:" + query_key(trace.user_query)
 
     def fit(self, raw_keys: Iterable[str]) -> None:
         """Cluster the distinct normalised queries (embedding mode only)."""

@@ -29,10 +29,11 @@ from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, rewa
 from flowrl.data.conversation import Conversation, fit_trajectory, message_chars
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
+from flowrl.facts import GUESSED_REFERENCE, reference
 from flowrl.schema import ExecutionTrace
 
-# Where a host puts a task's reference answer and test code on a trace (first match wins).
-REFERENCE_KEYS = ("reference_answer", "expected_answer", "reference", "expected", "answer")
+# Where a host puts a task's test code on a trace (first match wins); its reference answer is
+# `flowrl.facts.reference` (keys `flowrl.facts.REFERENCE_KEYS`).
 TEST_CODE_KEYS = ("test_code", "tests", "test")
 EQUAL_REWARDS = 1e-9
 
@@ -46,13 +47,14 @@ def _first(metadata: dict[str, Any], keys: tuple[str, ...]) -> str | None:
 
 
 def task_columns(trace: ExecutionTrace, conv: Conversation, label: bool | None) -> dict[str, Any]:
-    """Reference answer (host metadata, else the final answer of a run labelled good) and test code."""
-    reference = _first(trace.metadata, REFERENCE_KEYS)
-    source = "metadata" if reference is not None else None
+    """Reference answer (`flowrl.facts.reference`, else the final answer of a run labelled good, marked
+    `reference_source = "best_trace"`: a guess no reward or eval takes for a reference) and test code."""
+    ref = reference(trace)
+    answer, source = ref.answer, ref.source
     final = trace.final_response or conv.messages[-1]["content"]
-    if reference is None and label and final:
-        reference, source = final, "best_trace"
-    return {"reference_answer": reference, "reference_source": source,
+    if answer is None and label and final:
+        answer, source = final, GUESSED_REFERENCE
+    return {"reference_answer": answer, "reference_source": source,
             "test_code": _first(trace.metadata, TEST_CODE_KEYS)}
 
 

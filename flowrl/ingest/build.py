@@ -7,9 +7,10 @@ Field sources:
 | `user_query` | the turn's user message; for auto-resumed segments the follow-up after the resume marker |
 | `final_response` | the checkpoint's final assistant message, else the segment's `final_answer` argument, else the obs `final_answer_summary` |
 | `messages` | the run transcript up to the end of the segment (OpenAI format, `flowrl.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
-| `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, duration, time and status from the record; `success` is honest (`flowrl.schema.result_is_failure`, obs `status == "error"`) |
+| `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, duration, time and status from the record; `success` is honest (`flowrl.facts.tool_failed`, obs `status == "error"`) |
 | `reasoning_steps` | `think` calls (`THOUGHT: ...` / `ASSESSMENT: ...`), as toolboxv2's rl module writes them |
-| `success` | `final_answer(success=...)` (obs `success` for the last segment); null without obs |
+| `success` | what the run said about itself (`flowrl.facts.reported_success`, as capture decides it): false for an error answer (`Error: ...`), else `final_answer(success=...)` (obs `success` for the last segment); null without either |
+| `facts` | `flowrl.facts.trace_facts`, once the trace is redacted (`flowrl.ingest.engine`) |
 | tokens, `llm_calls`, duration | the segment's obs steps (only the last LLM call of each step is recorded); null without obs |
 | `timestamp` | the segment's first step, else the obs run start, else the checkpoint file's time |
 
@@ -22,10 +23,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from flowrl.facts import reported_success, tool_failed
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint
 from flowrl.ingest.obs import RunView
 from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment
-from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace, result_is_failure
+from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
 from flowrl.transcript import canonical_messages, parse_arguments
 
 _ERROR_CHARS = 500
@@ -57,7 +59,7 @@ def _tools(seg: Segment) -> tuple[list[ToolCallTrace], list[ReasoningStep]]:
             thought = args.get("thought", "") if isinstance(args, dict) else str(args)
             reasoning.append(ReasoningStep(step_type="internal_reasoning", content=f"THOUGHT: {thought}\nASSESSMENT: {result}"))
             continue
-        failed = rec.get("status") == "error" or result_is_failure(result)
+        failed = bool(tool_failed(result, success=False if rec.get("status") == "error" else None))
         duration = _num(rec.get("duration_s"))
         calls.append(ToolCallTrace(
             tool_name=call.name, arguments=args, result=result, success=not failed,
@@ -113,8 +115,9 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: str, quer
     data = run.data
     finished = seg.answer is not None and (run.finished or seg.index < len(run.segments) - 1)
     status = "completed" if finished else run.status
-    success = seg.success if finished else None
     final = answer if answer is not None else (seg.answer or "")
+    success = reported_success(answers=(final, seg.answer), status=status,
+                               final_answer_success=seg.success if finished else None)
     if single and run.finished:
         tokens_in, tokens_out = _int(data.get("total_tokens_in")), _int(data.get("total_tokens_out"))
         duration = _num(data.get("duration_s"))
@@ -156,7 +159,8 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: str, quer
 
 
 def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> ExecutionTrace:
-    """A turn known only from chat_history: text in, text out; no tools, tokens or success."""
+    """A turn known only from chat_history: text in, text out; no tools, tokens or success (an error answer
+    aside: `flowrl.facts.reported_success`)."""
     answer = turn.answer or ""
     meta: dict[str, Any] = {"checkpoint": checkpoint.path.name, "checkpoint_kind": checkpoint.kind,
                             "transcript": "chat_history", "history_index": turn.index}
@@ -166,7 +170,7 @@ def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> Execu
         trace_id=trace_id, session_id=turn.session_id or "default",
         timestamp=turn.timestamp or checkpoint.timestamp or datetime.now().isoformat(),
         user_query=turn.query, final_response=answer, agent_name=checkpoint.agent, run_id=turn.run_id,
-        source="checkpoint", success=None, status="completed",
+        source="checkpoint", success=reported_success(answers=(answer,), status="completed"), status="completed",
         messages=[{"role": "user", "content": turn.query}, {"role": "assistant", "content": answer}],
         metadata={"flowagent": meta},
         **_tasks(turn.run_id, turn.query, None, answer, None, "completed"),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import IngestError
+from flowrl.facts import trace_facts
 from flowrl.ingest.build import from_chat, from_segment
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
 from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, TRACE, Source, iter_sources
@@ -227,7 +228,8 @@ class Ingestor:
             return None
         try:
             trace = build()
-            trace = ExecutionTrace.model_validate(self.redactor.redact(trace.to_dict()))
+            trace = ExecutionTrace.model_validate(self.redactor.redact(trace.model_dump(mode="json")))
+            trace.facts = trace_facts(trace)  # from the redacted fields: a task key never holds a secret
         except Exception as exc:  # a malformed record must not stop the ingest
             log.warning("flowrl: could not build trace %s: %s", trace_id, exc, exc_info=True)
             self.summary.skip(f"could not build a trace ({type(exc).__name__})")

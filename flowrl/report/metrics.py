@@ -2,6 +2,9 @@
 
 Training runs are read from `metrics.jsonl` (one JSON object per logging step with a `step` key, as
 `flowrl train` writes it) and evaluations from `eval_report.json` (as `flowrl eval` writes it).
+
+What a trace means comes from `flowrl.facts`, as the rewards and datasets read it: tool failures (the
+stored per-tool tallies), the run's outcome, and the label a dataset would use (`label_at`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import FlowRLError
+from flowrl.facts import label_at, run_outcome, tally_tools
 from flowrl.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -39,9 +43,9 @@ class StoreMetrics:
     rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     reward_none: Counter[str] = field(default_factory=Counter)
     combined: list[float] = field(default_factory=list)
-    labels: Counter[str] = field(default_factory=Counter)  # good/bad/unlabelled x manual/engine
+    labels: Counter[str] = field(default_factory=Counter)  # good/bad (manual, engine, threshold) or unlabelled
     tools: dict[str, ToolStats] = field(default_factory=lambda: defaultdict(ToolStats))
-    success: Counter[str] = field(default_factory=Counter)
+    success: Counter[str] = field(default_factory=Counter)  # the run's outcome: succeeded/failed/partial/unknown
     unreadable: list[str] = field(default_factory=list)
 
 
@@ -59,15 +63,13 @@ def store_metrics(store: TraceStore) -> StoreMetrics:
                 m.rewards[name].append(float(value))
         if t.reward_score is not None:
             m.combined.append(float(t.reward_score))
-        if t.label is None:
-            m.labels["unlabelled"] += 1
-        else:
-            m.labels[f"{'good' if t.label else 'bad'} ({t.label_source or 'engine'})"] += 1
-        for call in t.tool_calls:
-            stats = m.tools[call.tool_name]
-            stats.calls += 1
-            stats.failures += 0 if call.success else 1
-        m.success["unknown" if t.success is None else ("succeeded" if t.success else "failed")] += 1
+        label, source = label_at(t)
+        m.labels["unlabelled" if label is None else f"{'good' if label else 'bad'} ({source})"] += 1
+        for name, tally in tally_tools(t).items():
+            stats = m.tools[name]
+            stats.calls += tally.calls
+            stats.failures += tally.failed
+        m.success[run_outcome(t).verdict] += 1
     m.unreadable = [p.message for p in store.problems]
     return m
 

@@ -1,14 +1,24 @@
 """The reward contract every reward implements.
 
 A reward scores one trace (`score`) or many (`score_batch`) and returns `RewardResult(value, details)`
-with `value` in [0, 1], or None for "cannot judge here" (never 0 for that). Any reward can also be
-handed to TRL's GRPOTrainer as a reward function through `as_reward_func()`:
-`(prompts, completions, **kwargs) -> list[float | None]`.
+with `value` in [0, 1], or None for "cannot judge here" (never 0 for that). A reward that crashes is not
+"cannot judge": `safe_score` and `score_safely` turn its exception into `RewardResult(None, error=...)`, which
+the engine and `flowrl score` count as an error (see engine.py and scoring.py).
+
+Any reward can also be handed to TRL's GRPOTrainer as a reward function through `as_reward_func()`:
+`(prompts, completions, **kwargs) -> list[float | None]`. TRL reads None as "not applicable" and drops it
+from that completion's weighted sum, which scores it as 0 against its siblings. So when the reward crashes on
+a completion, the function returns None for every completion of that prompt in the call: the reward then
+drops out of the whole group alike, and the group's advantages compare like with like. Crashes are logged
+(the first with its traceback), counted in the function's `stats` and sent to TRL's `log_metric` as
+`flowrl/<name>/errors`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,16 +30,65 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RewardResult:
+    """`value` None and `error` None: the reward cannot judge this trace. `error` set: the reward crashed on it
+    (the value is then None, and the message is also kept in `details["error"]`, which the store keeps)."""
+
     value: float | None
     details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
 
     def __post_init__(self) -> None:
-        if self.value is not None:
+        if self.error is not None:
+            self.value = None
+            if "error" not in self.details:
+                self.details = {**self.details, "error": self.error}
+        elif self.value is not None:
             v = float(self.value)
             if v != v:  # NaN is "cannot judge"
                 self.value = None
             else:
                 self.value = min(1.0, max(0.0, v))
+
+
+def crash_message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+_crash_lock = threading.Lock()
+
+
+def note_crash(reward: Any, exc: BaseException, where: str, count: int = 1) -> str:
+    """Count `count` results lost to a reward's own exception on `reward.crashes`, log it (the first crash of
+    a reward with its traceback, later ones at debug level) and return the error message."""
+    name = getattr(reward, "name", type(reward).__name__)
+    with _crash_lock:
+        first = not getattr(reward, "crashes", 0)
+        try:
+            reward.crashes = getattr(reward, "crashes", 0) + count
+        except AttributeError:  # a reward with __slots__: logged, not counted
+            pass
+    log.log(logging.WARNING if first else logging.DEBUG, "flowrl: reward %s crashed on %s: %s", name, where,
+            crash_message(exc), exc_info=first)
+    return crash_message(exc)
+
+
+def score_safely(reward: Any, traces: list[ExecutionTrace]) -> list[RewardResult]:
+    """`reward.score_batch(traces)`, one result per trace, with the reward's own failures as errored results:
+    an exception, a wrong number of results, or a result that is not a RewardResult."""
+    try:
+        results = list(reward.score_batch(traces))
+        if len(results) != len(traces):
+            raise ValueError(f"score_batch returned {len(results)} results for {len(traces)} traces")
+    except Exception as exc:  # one broken reward must not sink the others: counted as errors instead
+        message = note_crash(reward, exc, f"a batch of {len(traces)}", len(traces))
+        return [RewardResult(None, error=message) for _ in traces]
+    out = []
+    for result in results:
+        if not isinstance(result, RewardResult):
+            wrong = TypeError(f"score_batch returned {result!r}, not a RewardResult")
+            result = RewardResult(None, error=note_crash(reward, wrong, "one trace"))
+        out.append(result)
+    return out
 
 
 def completion_text(completion: Any) -> str:
@@ -68,6 +127,7 @@ class Reward:
     when batching is cheaper (the sandbox, the judge)."""
 
     name: str = "reward"
+    crashes: int = 0  # results this reward lost to its own exceptions (see note_crash)
 
     def score(self, trace: ExecutionTrace) -> RewardResult:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -76,12 +136,11 @@ class Reward:
         return [self.safe_score(t) for t in traces]
 
     def safe_score(self, trace: ExecutionTrace) -> RewardResult:
-        """`score`, with a failure of the reward itself turned into None (cannot judge) and logged."""
+        """`score`, with a failure of the reward itself turned into an errored result, counted and logged."""
         try:
             return self.score(trace)
-        except Exception as exc:  # a broken reward must not sink a whole scoring run
-            log.warning("flowrl: reward %s failed on %s: %s", self.name, trace.trace_id, exc, exc_info=True)
-            return RewardResult(None, {"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # a broken reward must not sink a whole scoring run; it is an error, not None
+            return RewardResult(None, error=note_crash(self, exc, f"trace {trace.trace_id}"))
 
     def trace_from_completion(self, prompt: Any, completion: Any, **columns: Any) -> ExecutionTrace:
         """Build the trace a fresh GRPO completion stands for, so `score` can judge it."""
@@ -104,15 +163,37 @@ class Reward:
         )
 
     def as_reward_func(self) -> Callable[..., list[float | None]]:
-        """This reward as a TRL GRPOTrainer reward function."""
+        """This reward as a TRL GRPOTrainer reward function. When the reward crashes on a completion, it returns
+        None for every completion of the same prompt in the call (see the module docstring); its `stats` count
+        calls, completions, errors and the completions voided that way."""
+        stats = {"calls": 0, "completions": 0, "errors": 0, "voided": 0}
 
         def reward_func(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
             n = len(completions)
-            traces = []
+            traces, groups = [], []
             for i in range(n):
+                prompt = prompts[i] if i < len(prompts) else ""
                 cols = {k: (v[i] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
-                traces.append(self.trace_from_completion(prompts[i] if i < len(prompts) else "", completions[i], **cols))
-            return [r.value for r in self.score_batch(traces)]
+                traces.append(self.trace_from_completion(prompt, completions[i], **cols))
+                groups.append(json.dumps(prompt, sort_keys=True, default=str))
+            results = score_safely(self, traces)
+            crashed = {g for g, r in zip(groups, results) if r.error is not None}
+            values = [None if g in crashed else r.value for g, r in zip(groups, results)]
+            errors = sum(r.error is not None for r in results)
+            voided = sum(g in crashed for g in groups)
+            stats["calls"] += 1
+            stats["completions"] += n
+            stats["errors"] += errors
+            stats["voided"] += voided
+            if errors:  # the first time as a warning, then at debug level: `stats` and log_metric count them
+                log.log(logging.WARNING if stats["errors"] == errors else logging.DEBUG,
+                        "flowrl: reward %s crashed on %d of %d completions; None for the %d completions of their "
+                        "prompts (%d errors so far, see reward_func.stats)", self.name, errors, n, voided, stats["errors"])
+            log_metric = kwargs.get("log_metric")
+            if callable(log_metric):
+                log_metric(f"flowrl/{self.name}/errors", float(errors))
+            return values
 
         reward_func.__name__ = f"flowrl_{self.name}"
+        reward_func.stats = stats  # type: ignore[attr-defined]
         return reward_func

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
+from flowrl.facts import CORRECTNESS as CORRECTNESS  # re-exported: engine.py and tests read it here
+from flowrl.facts import DEFAULT_THRESHOLD
 
 # name -> (module, class, default weight, enabled by default). The style rewards weigh what toolboxv2's rl module
 # gave them; the correctness rewards outweigh them (see CORRECTNESS and engine.py): task_completion weighs more than
@@ -52,12 +54,11 @@ REGISTRY: dict[str, tuple[str, str, float, bool]] = {
     "judge": ("flowrl.rewards.judge", "LLMJudgeReward", 1.0, False),
 }
 DEFAULT_WEIGHTS: dict[str, float] = {name: spec[2] for name, spec in REGISTRY.items() if spec[3]}
-# Rewards that say whether the run got the task right, the one that decides first.
-CORRECTNESS: tuple[str, ...] = ("reference_answer", "task_completion")
+# CORRECTNESS (the rewards that say whether the run got the task right, the one that decides first) and
+# DEFAULT_THRESHOLD (the label's) belong to the label rule in flowrl.facts.
 # toolboxv2's rl-module weights, where style can outvote correctness: to reproduce its scores
 # (`RewardEngine(weights=TOOLBOXV2_WEIGHTS)`, or the same numbers in a config file; see docs/rewards.md).
 TOOLBOXV2_WEIGHTS: dict[str, float] = {**DEFAULT_WEIGHTS, "task_completion": 1.5, "reference_answer": 2.0}
-DEFAULT_THRESHOLD = 0.6
 PATH_OPTIONS: dict[str, tuple[str, ...]] = {"learned": ("model",), "judge": ("cache_dir",)}
 _TOP_KEYS = ("threshold", "include_defaults", "rewards")
 

@@ -2,7 +2,9 @@
 
 - `compute_all(trace)` -> {name: RewardResult}; `compute_batch(traces)` does the same for many, letting each
   reward batch (the sandbox runs its programs together, the judge sends a task's traces in one call);
-- `compute_combined(...)` -> the weighted mean over the rewards that returned a value (None if none did);
+- `compute_combined(...)` -> the weighted mean over the rewards that returned a value (None if none did, and
+  None when a reward of positive weight crashed: see below);
+- `errors(results)` -> {name: message} of the rewards that crashed;
 - `compute_for_group(traces)` -> combined scores z-scored within the group (GRPO-style advantages);
 - `get_binary_label(score)` -> score >= threshold (0.6 by default), None when there is no score. Given the
   results (or a trace), a failed task is never good: `task_completion` or `reference_answer` at 0 means bad,
@@ -26,6 +28,13 @@ The style weights are toolboxv2's; its correctness weights (task_completion 1.5,
 style can outvote a right answer, are `config.TOOLBOXV2_WEIGHTS`, for reproducing its scores. Learned and
 judge are off until a config enables them. `LearnedReward` runs after the others and sees their fresh values
 as features.
+
+A reward that crashes is an error, not "cannot judge". Its result is `RewardResult(None, error=...)`, and the
+combined score of that trace is None, not a mean re-weighted over the rewards that did not crash. A
+re-weighted mean would shift every score and label that one buggy reward touched, and nothing would show
+it. With no combined score there is no label either (`get_binary_label` gives None), so the trace stays out
+of the datasets until it is scored again. A crash of a reward of weight 0 leaves the combined score alone,
+since that reward is not part of it; it is still an error.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
-from flowrl.rewards.base import Reward, RewardResult
+from flowrl.rewards.base import Reward, RewardResult, score_safely
 from flowrl.rewards.config import (
     CORRECTNESS,
     DEFAULT_THRESHOLD,
@@ -120,16 +129,7 @@ class RewardEngine:
 
     # -- computing --------------------------------------------------------------------------------------
     def _run(self, name: str, traces: list[ExecutionTrace]) -> list[RewardResult]:
-        reward = self.rewards[name]
-        try:
-            results = list(reward.score_batch(traces))
-            if len(results) != len(traces):
-                raise ValueError(f"returned {len(results)} results for {len(traces)} traces")
-        except Exception as exc:  # one broken reward must not sink the others
-            log.warning("flowrl: reward %s failed on a batch of %d: %s", name, len(traces), exc, exc_info=True)
-            return [RewardResult(None, {"error": f"{type(exc).__name__}: {exc}"}) for _ in traces]
-        return [r if isinstance(r, RewardResult) else RewardResult(None, {"error": f"not a RewardResult: {r!r}"})
-                for r in results]
+        return score_safely(self.rewards[name], traces)  # a crash is an errored result, not an exception
 
     def compute_batch(self, traces: Iterable[ExecutionTrace]) -> list[Results]:
         traces = list(traces)
@@ -149,9 +149,17 @@ class RewardEngine:
     def compute_all(self, trace: ExecutionTrace) -> Results:
         return self.compute_batch([trace])[0]
 
+    @staticmethod
+    def errors(results: Mapping[str, RewardResult | float | None]) -> dict[str, str]:
+        """{name: error message} of the rewards that crashed in `results`."""
+        return {n: r.error for n, r in results.items() if isinstance(r, RewardResult) and r.error is not None}
+
     def compute_combined(self, item: ExecutionTrace | Mapping[str, RewardResult | float | None]) -> float | None:
-        """Weighted mean over the rewards that returned a value; None when none did (or all weigh 0)."""
+        """Weighted mean over the rewards that returned a value; None when none did (or all weigh 0), and None
+        when a reward of positive weight crashed (never a mean re-weighted without it)."""
         results = self.compute_all(item) if isinstance(item, ExecutionTrace) else item
+        if any(self.weights.get(name, 0.0) > 0 for name in self.errors(results)):
+            return None
         total = weight_sum = 0.0
         for name, r in results.items():
             value = r.value if isinstance(r, RewardResult) else r
@@ -165,7 +173,8 @@ class RewardEngine:
     def compute_for_group(self, traces: Iterable[ExecutionTrace] | None = None,
                           scores: Iterable[float | None] | None = None) -> list[float | None]:
         """Combined scores z-scored within one group (same task): (x - mean) / std; all 0 when they are equal.
-        Pass `scores` to standardise combined scores you already have."""
+        A trace without a combined score (nothing to judge, or a reward crashed) gets None and is left out of
+        the mean. Pass `scores` to standardise combined scores you already have."""
         if scores is None:
             scores = [self.compute_combined(r) for r in self.compute_batch(traces or [])]
         values = list(scores)
@@ -179,17 +188,16 @@ class RewardEngine:
     def get_binary_label(self, item: float | None | ExecutionTrace | Mapping[str, Any],
                          threshold: float | None = None) -> bool | None:
         """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default) and, when the
-        per-reward results are known, no gate reward (task_completion, reference_answer) is 0."""
+        per-reward results are known, no gate reward (task_completion, reference_answer) is 0: the one label
+        rule, `flowrl.facts.label_for`."""
+        from flowrl.facts import label_for
+
         if item is None or isinstance(item, (int, float)):
             score, results = item, None
         else:
             results = self.compute_all(item) if isinstance(item, ExecutionTrace) else item
             score = self.compute_combined(results)
-        if score is None:
-            return None
-        if results is not None and any(_value(results.get(g)) == 0.0 for g in GATES):
-            return False
-        return float(score) >= (self.threshold if threshold is None else threshold)
+        return label_for(score, threshold=self.threshold if threshold is None else threshold, rewards=results)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def needs_preparation(self) -> bool:

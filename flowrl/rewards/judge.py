@@ -1,14 +1,16 @@
 """LLMJudgeReward: an LLM scores traces against a rubric, through any OpenAI-compatible endpoint.
 
-Relative mode (the default) follows OpenPipe ART's RULER: all traces for the same task (same `group_key`,
-else the same normalised user query) go to the judge in ONE call. The messages they share from the start
-are sent once in `<context>`, the offered tools in `<available_tools>`, and each trace's remainder in its
-own `<trajectory id="N">`; the judge answers one 0-1 score per trajectory. Identical traces are sent once
+Relative mode (the default) follows OpenPipe ART's RULER: all traces for the same task (same
+`flowrl.facts.task_key`: `group_key`, else the user turn as a task) go to the judge in ONE call. The messages
+they share from the start are sent once in `<context>`, the offered tools in `<available_tools>`, and each
+trace's remainder in its own `<trajectory id="N">`; the judge answers one 0-1 score per trajectory. Identical traces are sent once
 and share the score. Absolute mode scores each trace on its own.
 
 Reads `messages` (else a transcript rebuilt from `user_query`, `tool_calls` and `final_response`) and `tools`.
-Value: the judge's score. None when the judge cannot be asked or answers nothing usable after its retries
-(no model configured, endpoint down, timeout, unparseable reply): "cannot judge", never 0.
+Value: the judge's score. When the judge cannot be asked or answers nothing usable after its retries (no
+model configured, endpoint down, timeout, unparseable reply, no score for a trajectory), the result is an
+error: value None with `error` set, never 0, and not "cannot judge" either, so `flowrl score` counts it
+against its error budget instead of re-weighting the combined score without the judge.
 
 Endpoint, model and key: arguments, else `FLOWRL_JUDGE_BASE_URL` / `FLOWRL_JUDGE_MODEL` /
 `FLOWRL_JUDGE_API_KEY`, else `OPENAI_BASE_URL` / `OPENAI_API_KEY` (see docs/rewards.md for OpenAI,
@@ -25,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
-from flowrl.rewards.base import Reward, RewardResult
+from flowrl.facts import task_key
+from flowrl.rewards.base import Reward, RewardResult, note_crash
 from flowrl.rewards.judge_client import JudgeClient, JudgeRequestError
-from flowrl.rewards.views import group_key
 from flowrl.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -164,7 +166,8 @@ class LLMJudgeReward(Reward):
         result, cached = self.client.complete_json(self.relative_prompt(transcripts, tools), parse)
         return [RewardResult(s, {"mode": "relative", "model": self.client.model, "explanation": e,
                                  "group_size": n, "cached": cached}
-                             if s is not None else {"mode": "relative", "error": "the judge gave no score for it"})
+                             if s is not None else {"mode": "relative"},
+                             error=None if s is not None else "the judge gave no score for it")
                 for s, e in result]
 
     def _ask_absolute(self, transcript: list[dict[str, Any]], tools: list[dict[str, Any]]) -> RewardResult:
@@ -212,26 +215,26 @@ class LLMJudgeReward(Reward):
             details = dict(r.details)
             if keys.count(k) > 1:
                 details["identical_traces"] = keys.count(k)
-            out.append(RewardResult(r.value, details))
+            out.append(RewardResult(r.value, details, r.error))
         return out
 
     def _failed(self, exc: JudgeRequestError, n: int) -> RewardResult:
         log.warning("flowrl: the judge could not score %d trace(s): %s", n, exc)
-        return RewardResult(None, {"error": str(exc), "mode": self.mode})
+        return RewardResult(None, {"mode": self.mode}, error=str(exc))
 
     def score_batch(self, traces: Iterable[ExecutionTrace]) -> list[RewardResult]:
         traces = list(traces)
         groups: dict[str, list[int]] = {}
         for i, t in enumerate(traces):
-            groups.setdefault(group_key(t) if self.mode == "relative" else "", []).append(i)
+            groups.setdefault(task_key(t) if self.mode == "relative" else "", []).append(i)
         results: list[RewardResult | None] = [None] * len(traces)
 
         def run(indices: list[int]) -> None:
             try:
                 rs = self._score_group([traces[i] for i in indices])
-            except Exception as exc:  # never sink a scoring run
-                log.warning("flowrl: judge failed: %s", exc, exc_info=True)
-                rs = [RewardResult(None, {"error": f"{type(exc).__name__}: {exc}"}) for _ in indices]
+            except Exception as exc:  # never sink a scoring run: an error for each trace of the group
+                message = note_crash(self, exc, f"a group of {len(indices)}", len(indices))
+                rs = [RewardResult(None, error=message) for _ in indices]
             for i, r in zip(indices, rs):
                 results[i] = r
 
@@ -241,7 +244,7 @@ class LLMJudgeReward(Reward):
         else:
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(groups))) as pool:
                 list(pool.map(run, groups.values()))
-        return [r if r is not None else RewardResult(None, {"error": "not scored"}) for r in results]
+        return [r if r is not None else RewardResult(None, error="the judge did not score it") for r in results]
 
     def score(self, trace: ExecutionTrace) -> RewardResult:
         return self.score_batch([trace])[0]

@@ -1,8 +1,8 @@
 """ReferenceAnswerReward: is the agent's answer the task's known answer?
 
-Reads the reference from the trace's metadata (`reference_answer`, `expected_answer`, `reference`,
-`expected`, `answer`: the keys the dataset builder reads too) or, for a fresh GRPO completion, from the
-dataset's `reference_answer` column. A reference the dataset builder took from another run's answer
+The reference is `flowrl.facts.reference`: the first of `flowrl.facts.REFERENCE_KEYS` (`reference_answer`,
+`expected_answer`, `reference`, `expected`, `answer`) set in the trace's metadata, else, for a fresh GRPO
+completion, in the dataset's columns. A reference the dataset builder took from another run's answer
 (`reference_source == "best_trace"`) is only a guess, so it is not used. No reference: None.
 
 1.0 when the reference appears in the answer as a whole word or number (case-insensitive, numbers
@@ -12,25 +12,18 @@ compared after removing thousands separators), else 0.0.
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from flowrl.facts import REFERENCE_KEYS, reference
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import answer_text
 from flowrl.schema import ExecutionTrace
 
-REFERENCE_KEYS = ("reference_answer", "expected_answer", "reference", "expected", "answer")
+__all__ = ["REFERENCE_KEYS", "ReferenceAnswerReward", "answer_matches", "reference_of"]
 
 
 def reference_of(trace: ExecutionTrace) -> str | None:
-    for key in REFERENCE_KEYS:
-        value = trace.metadata.get(key)
-        if value not in (None, ""):
-            return str(value)
-    cols: dict[str, Any] = trace.metadata.get("grpo_columns") or {}
-    if cols.get("reference_source") == "best_trace":
-        return None
-    value = cols.get("reference_answer")
-    return None if value in (None, "") else str(value)
+    """The trace's reference answer (`flowrl.facts.reference`), None when it has none."""
+    return reference(trace).answer
 
 
 def answer_matches(expected: str, answer: str) -> bool:

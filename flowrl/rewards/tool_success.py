@@ -1,9 +1,10 @@
 """ToolSuccessReward: the share of tool calls that truly succeeded.
 
-Reads `tool_calls` (or, when that is empty, the assistant tool calls and `tool` results in `messages`).
-A call failed when the framework said so, when it carries an error, when its result starts with `Error` /
-`System-Error`, when a Python traceback sits inside a "success" result (FlowAgent's `exec_code` reports
-`{'success': True, ...}` for code that raised), or when the result is a dict with `success: False`.
+Reads the trace's tool calls (`flowrl.facts.tool_calls`: `tool_calls` plus the transcript's calls no entry
+records). Whether a call failed is `flowrl.facts.tool_failed`, the rule capture, ingest and the report use:
+the framework said so, it carries an error, its result starts with `Error` / `System-Error`, a Python
+traceback sits inside a "success" result (FlowAgent's `exec_code` reports `{'success': True, ...}` for code
+that raised), or the result is a dict (or its text) with `success: False`.
 `final_answer` is not counted: it ends the run, it does not act.
 
 None when the trace made no tool calls, or none of them has a result yet (a fresh completion that only

@@ -2,6 +2,9 @@
 
 Prompts come from the validation split of a flowrl dataset folder (the train split, with a warning, when
 there is none) or from a JSONL file of `{"prompt": str | [messages], "reference_answer"?: ..., ...}` rows.
+A row's reference answer is `flowrl.facts.reference_in` (the keys and order every reader uses); an answer a
+dataset took from a logged run (a GRPO `reference_source = "best_trace"`, DPO `chosen`, a KTO completion, an
+SFT reply) is a guess, never a reference.
 Each answer becomes an `ExecutionTrace` (the prompt's user turn as `user_query`, the answer as
 `final_response` and as the last of `messages`, the row's reference answer and other columns in `metadata`)
 and is scored by flowrl's `RewardEngine`. Generation is greedy, so two runs give the same report.
@@ -21,14 +24,14 @@ from typing import Any
 
 from flowrl import __version__
 from flowrl.errors import ConfigError, require
-from flowrl.rewards.base import completion_text, prompt_text
+from flowrl.facts import REFERENCE_KEYS, reference_in
+from flowrl.models import ResolvedModel, load_for_inference, resolve_model
+from flowrl.rewards.base import prompt_text
 from flowrl.schema import ExecutionTrace
 from flowrl.train.data_io import load_dataset_dir
-from flowrl.models import ResolvedModel, load_for_inference, resolve_model
 
 log = logging.getLogger(__name__)
 
-REFERENCE_COLUMNS = ("reference_answer", "reference", "expected_answer", "expected", "answer")
 REPORT_JSON = "eval_report.json"
 REPORT_PNG = "eval_report.png"
 
@@ -75,20 +78,13 @@ def _as_messages(prompt: Any) -> list[dict[str, Any]]:
 
 
 def _row_prompt(row: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
-    """The prompt messages of a row in any of TRL's formats, and the reference answer the row implies."""
-    reference = next((str(row[c]) for c in REFERENCE_COLUMNS if row.get(c) not in (None, "")), None)
+    """The prompt messages of a row in any of TRL's formats, and its reference answer (`reference_in`)."""
+    reference = reference_in(row)
     if row.get("prompt") is not None:
-        messages = _as_messages(row["prompt"])
-        if reference is None and row.get("chosen") is not None:
-            reference = completion_text(row["chosen"]) or None
-        if reference is None and row.get("completion") is not None and row.get("label") is True:
-            reference = completion_text(row["completion"]) or None
-        return messages, reference
+        return _as_messages(row["prompt"]), reference
     if row.get("messages"):
         messages = _as_messages(row["messages"])
         first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-        if reference is None and first_assistant < len(messages):
-            reference = completion_text(messages[first_assistant:]) or None
         return messages[:first_assistant], reference
     raise ConfigError(f"a prompt row has neither `prompt` nor `messages` (columns: {', '.join(sorted(row))})")
 
@@ -117,7 +113,8 @@ def load_prompts(source: Path | str, *, limit: int | None = None) -> tuple[list[
             continue
         seen.add(key)
         extra = {k: v for k, v in row.items()
-                 if k not in ("prompt", "messages", "chosen", "rejected", "completion", "completions", "tools")
+                 if k not in ("prompt", "messages", "chosen", "rejected", "completion", "completions", "tools",
+                              "reference_source", *REFERENCE_KEYS)
                  and isinstance(v, (str, int, float, bool, type(None)))}
         prompts.append(EvalPrompt(messages, reference, row.get("tools") or None, extra))
         if limit and len(prompts) >= limit:
