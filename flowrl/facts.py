@@ -308,13 +308,15 @@ def decide_outcome(*, answers: Iterable[Any], status: str | None, final_answer_s
     status = (status or "").lower() or None
     if status in FAILED_STATUSES:
         return Outcome(0.0, "status", {"status": status})
-    if status in UNFINISHED_STATUSES:
-        return Outcome(None, "unfinished", {"status": status})
     flag = _flag(final_answer_success)
     if flag is not None:
         return Outcome(1.0 if flag else 0.0, "final_answer.success")
     if success is not None:
         return Outcome(1.0 if success else 0.0, "trace.success")
+    # a status still "running" when the run ended (a_stream's `done` arrives before FlowAgent sets it) says
+    # nothing once the run reported its own verdict above
+    if status in UNFINISHED_STATUSES:
+        return Outcome(None, "unfinished", {"status": status})
     if reported_only:
         return Outcome(None, "none")
     if completed or failed:

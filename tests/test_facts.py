@@ -87,7 +87,8 @@ def test_reported_success_is_what_the_run_said_about_itself() -> None:
     assert facts.reported_success(answers=["ok"], status="completed") is None  # "completed" alone says nothing
     assert facts.reported_success(answers=["ok"], status="completed", final_answer_success=False) is False
     assert facts.reported_success(answers=["Error executing x"], status="completed", reported=True) is False
-    assert facts.reported_success(answers=["ok"], status="paused", final_answer_success=True) is None
+    assert facts.reported_success(answers=["ok"], status="paused", final_answer_success=True) is True  # its own verdict
+    assert facts.reported_success(answers=["ok"], status="running") is None  # unfinished, and said nothing
 
 
 # -- 3. task key, 4. reference ----------------------------------------------------------------------
