@@ -22,7 +22,8 @@ from pathlib import Path
 
 CHILD = r"""
 import json, resource, sys, time
-from flowrl.data import DatasetPipeline, make_builder
+from flowrl.data import DatasetPipeline
+from flowrl.methods import make_builder
 from flowrl.store import TraceStore
 store, out, method = sys.argv[1:4]
 t = time.perf_counter()

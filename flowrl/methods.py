@@ -59,6 +59,15 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
+def make_builder(method: str, **options: Any) -> Any:
+    """The dataset builder of `method`, with the method's fixed options and yours."""
+    spec = get_method(method)
+    builder = spec.builder_class()(**spec.builder_options, **options)
+    builder.method_name = spec.name  # a method may reuse another's builder: the dataset says which method
+    builder.card_format = spec.card_format
+    return builder
+
+
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 

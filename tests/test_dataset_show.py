@@ -22,9 +22,10 @@ pytest.importorskip("trl")
 from helpers_tiny_model import save_tiny_model  # noqa: E402
 
 from flowrl.cli import main  # noqa: E402
-from flowrl.data import DatasetPipeline, make_builder  # noqa: E402
+from flowrl.data import DatasetPipeline  # noqa: E402
 from flowrl.data.tokens import captured_calls, merge_calls  # noqa: E402
 from flowrl.demo.agent import FEW_SHOT, SYSTEM_PROMPT  # noqa: E402
+from flowrl.methods import make_builder  # noqa: E402
 from flowrl.store import TraceStore  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "example-agent-captured"

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 from helpers_tiny_train import build_tiny_model, write_tiny_dataset  # noqa: E402
 
 from flowrl.errors import ConfigError  # noqa: E402
-from flowrl.train.eval import answer_trace, default_baseline, evaluate, load_prompts  # noqa: E402
+from flowrl.evaluate.prompts import answer_trace, default_baseline, evaluate, load_prompts  # noqa: E402
 from flowrl.train.hardware import HardwareInfo  # noqa: E402
 
 

@@ -14,6 +14,7 @@ from flowrl import facts
 from flowrl.capture import hook_into_agent
 from flowrl.data import DatasetPipeline, GRPODatasetBuilder, KTODatasetBuilder
 from flowrl.data.grouping import Grouper
+from flowrl.evaluate.prompts import answer_trace, load_prompts
 from flowrl.report.metrics import store_metrics
 from flowrl.rewards.base import RewardResult
 from flowrl.rewards.engine import RewardEngine
@@ -24,7 +25,6 @@ from flowrl.rewards.tool_success import ToolSuccessReward
 from flowrl.rewards.views import group_key
 from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, load_trace
 from flowrl.store import TraceStore
-from flowrl.train.eval import answer_trace, load_prompts
 from tests.fakes import flushed
 
 EXEC_FAILED = "{'success': False, 'output': '', 'error': \"NameError: name 'x' is not defined\"}"  # exec_code's own

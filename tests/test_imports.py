@@ -28,7 +28,10 @@ def package_graph() -> dict[str, set[str]]:
             if id(node) in typing_only:  # annotations only: never imported at run time
                 continue
             names: list[str] = []
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("flowrl.") \
+                    and " " not in node.value:
+                names = [node.value]  # lazy-export tables name modules as strings: imported on first use
+            elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]

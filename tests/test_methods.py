@@ -16,10 +16,10 @@ from flowrl.methods import METHODS, MethodSpec, get_method, register_method  # n
 
 
 def test_every_builtin_method_is_one_spec_read_everywhere() -> None:
-    from flowrl.data import METHODS as DATA_METHODS
+    from flowrl.methods import method_names
     from flowrl.train.config import TrainingConfig
 
-    assert set(DATA_METHODS) == {"grpo", "grpo-offline", "kto", "sft", "dpo"} <= set(METHODS)
+    assert set(method_names()) >= {"grpo", "grpo-offline", "kto", "sft", "dpo"}
     assert TrainingConfig(method="GRPO_online", dataset=Path(".")).method == "grpo"
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         TrainingConfig(method="nope", dataset=Path("."))
@@ -35,7 +35,8 @@ def test_a_new_method_is_one_file_and_one_line(tmp_path: Path, monkeypatch: pyte
         "first-good-sft", "plugins.first_answer_sft:FirstGoodSFTBuilder", "SFTConfig", "SFTTrainer",
         (("messages",),), 2e-4, "SFT on each task's earliest good run", encoding="sft"))
 
-    from flowrl.data import DatasetPipeline, make_builder
+    from flowrl.data import DatasetPipeline
+    from flowrl.methods import make_builder
 
     traces = [synthetic_trace(i, n_tasks=4) for i in range(16)]
     for t in traces:

@@ -47,7 +47,8 @@ def build_dataset(
     min_margin: float | None = typer.Option(None, help="DPO: smallest reward margin between chosen and rejected (default 0.1)."),
 ) -> None:
     """Build a dataset for TRL from the trace store: a DatasetDict on disk, JSONL, a card and a summary."""
-    from flowrl.data import DatasetFilter, DatasetPipeline, make_builder
+    from flowrl.data import DatasetFilter, DatasetPipeline
+    from flowrl.methods import make_builder
 
     options = {
         "rows": kto_rows, "threshold": threshold, "min_group_size": min_group_size, "max_group_size": max_group_size,

@@ -128,7 +128,7 @@ def eval_cmd(
 ) -> None:
     """Answer held-out prompts with a model and a baseline, score both with flowrl's rewards, compare."""
     _quiet_known_warnings()
-    from flowrl.train.eval import REPORT_JSON, REPORT_PNG, evaluate
+    from flowrl.evaluate.prompts import REPORT_JSON, REPORT_PNG, evaluate
 
     if out is None:
         out = Path(model) if Path(model).expanduser().is_dir() else Path("eval")

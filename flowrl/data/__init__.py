@@ -16,28 +16,9 @@ from flowrl.data.pipeline import METADATA_FILE, BuildResult, DatasetError, Datas
 from flowrl.data.sft import SFTDatasetBuilder
 from flowrl.data.split import split_for
 
-
-def make_builder(method: str, **options: object) -> DatasetBuilder:
-    """The builder of a method in the method table (`flowrl.methods`), with its fixed options."""
-    from flowrl.methods import get_method
-
-    spec = get_method(method)
-    builder = spec.builder_class()(**spec.builder_options, **options)
-    builder.method_name = spec.name  # a method may reuse another's builder: the dataset says which method
-    return builder
-
-
-def __getattr__(name: str) -> object:
-    if name == "METHODS":  # the method table's names, as registered now
-        from flowrl.methods import method_names
-
-        return method_names()
-    raise AttributeError(name)
-
-
 __all__ = [
-    "METADATA_FILE", "METHODS", "BuildResult", "BuildStats", "Conversation", "DPODatasetBuilder", "DatasetBuilder",
+    "METADATA_FILE", "BuildResult", "BuildStats", "Conversation", "DPODatasetBuilder", "DatasetBuilder",
     "DatasetError", "DatasetFilter", "DatasetPipeline", "GRPODatasetBuilder", "Grouper", "KTODatasetBuilder",
-    "SFTDatasetBuilder", "effective_label", "kto_weights", "make_builder", "normalize_query", "split_for",
+    "SFTDatasetBuilder", "effective_label", "kto_weights", "normalize_query", "split_for",
     "trace_conversation",
 ]

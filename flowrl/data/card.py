@@ -8,13 +8,6 @@ BAR = 40
 
 
 
-def _format(method: str) -> str:
-    from flowrl.methods import METHODS
-
-    spec = METHODS.get(method)
-    return spec.card_format if spec is not None else method
-
-
 def histogram_lines(counts: list[int], no_reward: int = 0) -> list[str]:
     """A text histogram of rewards in [0, 1], one line per bin."""
     peak = max(counts) if any(counts) else 1
@@ -59,7 +52,7 @@ def render_card(meta: dict[str, Any]) -> str:
         f"# flowrl {method} dataset",
         "",
         f"Built by flowrl {meta['flowrl_version']} on {meta['created']} from `{meta['store']}`.",
-        f"Format: {_format(method)}. Row format and options: flowrl's docs/datasets.md.",
+        f"Format: {meta.get('format') or method}. Row format and options: flowrl's docs/datasets.md.",
         "",
         "Load it with `datasets.load_from_disk(\"<this folder>\")`; the same rows are in `data/*.jsonl`.",
         "",

@@ -307,6 +307,7 @@ class DatasetPipeline:
     def _metadata(self, counts: dict[str, int], src: _Source | None, parquet: bool) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "method": self.method,
+            "format": getattr(self.builder, "card_format", None),
             "flowrl_version": __version__,
             "created": datetime.now().isoformat(timespec="seconds"),
             "store": src.describe() if src is not None else None,

@@ -180,7 +180,8 @@ class Demo:
         return f"scored {s.scored} of {s.seen} traces; labels good {s.good} / bad {s.bad}; means: {means}", False
 
     def stage_build(self) -> tuple[str, bool]:
-        from flowrl.data import DatasetPipeline, make_builder
+        from flowrl.data import DatasetPipeline
+        from flowrl.methods import make_builder
 
         lines = []
         for method in ("kto", "grpo"):

@@ -1,4 +1,4 @@
-"""Training: config, hardware profiles, model resolution, thin adapters onto TRL, evaluation.
+"""Training: config, hardware profiles, thin adapters onto TRL (models: `flowrl.models`; eval: `flowrl.evaluate`).
 
 Importing this package is light (pydantic only); torch, transformers, TRL and PEFT load when a run starts.
 """
@@ -20,8 +20,6 @@ _LAZY: dict[str, str] = {
     "RLTrainer": "flowrl.train.pipeline",
     "TrainingPipeline": "flowrl.train.pipeline",
     "TrainResult": "flowrl.train.pipeline",
-    "evaluate": "flowrl.train.eval",
-    "EvalReport": "flowrl.train.eval",
 }
 
 __all__ = list(_LAZY)
