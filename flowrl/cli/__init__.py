@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.dataset",
     "flowrl.cli.score",
     "flowrl.cli.train",
+    "flowrl.cli.improve",
     "flowrl.cli.export",
     "flowrl.cli.report",
     "flowrl.cli.demo",

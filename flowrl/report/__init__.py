@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowrl.report.metrics import StoreMetrics, find_runs, store_metrics
+from flowrl.report.metrics import StoreMetrics, find_eval_files, find_runs, group_eval_files, store_metrics
 from flowrl.store import TraceStore, atomic_write_bytes
 
 __all__ = ["ReportResult", "make_report", "store_metrics", "StoreMetrics"]
@@ -19,7 +19,9 @@ class ReportResult:
 
 
 def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) -> ReportResult:
-    """Write `out/index.html` and its charts. Training/eval dirs in `runs` add curves and the before/after table."""
+    """Write `out/index.html` and its charts. Training/eval dirs in `runs` add curves and the before/after table;
+    eval JSON files in `runs` (or `eval.json` in or right below a dir, as `flowrl improve`'s `round-<r>/`) add
+    the success rates with their intervals and the paired tests."""
     from flowrl.report import html, plots
 
     out = Path(out)
@@ -29,7 +31,10 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
     charts = plots.store_charts(m, out)
     run_charts = [(r, plots.training_chart(r, out, i)) for i, r in enumerate(training)]
     eval_charts = [(p, r, plots.eval_chart(r, out, i)) for i, (p, r) in enumerate(evals)]
-    page = html.render(m, charts, run_charts, eval_charts)
+    groups = group_eval_files(find_eval_files(list(runs or [])))
+    success = [(g, plots.rounds_chart(g.files, out, i) if g.rounds else plots.success_chart(g.files[0], out, i))
+               for i, g in enumerate(groups)]
+    page = html.render(m, charts, run_charts, eval_charts, success)
     index = out / "index.html"
     atomic_write_bytes(index, page.encode("utf-8"))
     return ReportResult(index, sorted(out.glob("*.png")), m)

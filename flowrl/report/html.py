@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl import __version__
-from flowrl.report.metrics import StoreMetrics, TrainingRun
+from flowrl.report.metrics import EvalFile, EvalGroup, StoreMetrics, TrainingRun
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1f2933}
@@ -76,8 +76,50 @@ def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
             + _img(chart, "eval chart"))
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _points(x: float, cls: bool = False) -> str:
+    """A difference of rates in percentage points ("+12.7 pts"), coloured when `cls`."""
+    text = f"{100 * x:+.1f} pts"
+    return f'<span class="{"better" if x > 0 else "worse" if x < 0 else ""}">{text}</span>' if cls else text
+
+
+def _p_cell(c: dict[str, Any]) -> str:
+    cls = "" if c["mcnemar_p"] >= 0.05 else "better" if c["diff"] > 0 else "worse" if c["diff"] < 0 else ""
+    return f'<span class="{cls}">{c["mcnemar_p"]:.3g}</span>'
+
+
+def success_section(group: EvalGroup, chart: str | None) -> str:
+    """Rates with Wilson intervals, the paired comparisons against the base, and whether every figure recomputes."""
+    lead = (lambda f: [str(f.round)]) if group.rounds else (lambda f: [])
+    head = ["round"] if group.rounds else []
+    arm_rows = [[*lead(f), escape(arm), s["n"], s["successes"], _pct(s["rate"]), f"[{_pct(s['ci95'][0])}, {_pct(s['ci95'][1])}]"]
+                for f in group.files for arm, s in f.data["arms"].items()]
+    cmp_rows = [[*lead(f), f"{escape(c['b'])} vs {escape(c['a'])}", c["both"], c["only_a"], c["only_b"], c["neither"], _p_cell(c),
+                 _points(c["diff"], cls=True), f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]"]
+                for f in group.files for c in f.data["comparisons"]]
+    title = f"{escape(group.title)}: success per round" if group.rounds else escape(group.title)
+    html_ = f"<h3>{title}</h3>" + _img(chart, "success rates with 95% intervals")
+    html_ += _table([*head, "arm", "n", "successes", "rate", "95% CI (Wilson)"], arm_rows)
+    if cmp_rows:
+        html_ += _table([*head, "paired", "both", "only base", "only arm", "neither", "McNemar exact p", "difference",
+                         "95% CI (bootstrap)"], cmp_rows)
+    return html_ + _verified(group.files)
+
+
+def _verified(files: list[EvalFile]) -> str:
+    bad = [(f, p) for f in files for p in f.problems]
+    if not bad:
+        return "<p class='muted'>Every figure recomputes from the per-task outcomes.</p>"
+    items = "".join(f"<li>{escape(str(f.path))}: {escape(p)}</li>" for f, p in bad[:20])
+    return f"<p class='worse'>These figures do not recompute from the per-task outcomes:</p><ul>{items}</ul>"
+
+
 def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun, str | None]],
-           evals: list[tuple[Path, dict[str, Any], str | None]]) -> str:
+           evals: list[tuple[Path, dict[str, Any], str | None]],
+           success: list[tuple[EvalGroup, str | None]] | None = None) -> str:
     combined_mean = sum(m.combined) / len(m.combined) if m.combined else None
     good = sum(v for k, v in m.labels.items() if k.startswith("good"))
     bad = sum(v for k, v in m.labels.items() if k.startswith("bad"))
@@ -88,9 +130,13 @@ def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun
     parts = [f"<section><h2>Overview</h2><div class='cards'>{cards}</div>"
              f"<p class='muted'>store: {escape(m.root)}; sources: "
              f"{escape(', '.join(f'{k} {v}' for k, v in sorted(m.per_source.items())))}</p></section>"]
+    if success:
+        parts.append("<section><h2>Held-out success</h2><p class='muted'>Same tasks for every arm. Error bars: Wilson 95% "
+                     "intervals; McNemar's exact test on the tasks only one arm got right; difference with a paired "
+                     "bootstrap 95% interval over tasks.</p>" + "".join(success_section(g, c) for g, c in success) + "</section>")
     if evals:
         parts.append("<section><h2>Before / after</h2>" + "".join(eval_section(r, p, c) for p, r, c in evals) + "</section>")
-    else:
+    elif not success:
         parts.append("<section><h2>Before / after</h2><p class='muted'>No eval report: run `flowrl eval` and pass its "
                      "output dir with --run.</p></section>")
     parts.append(f"<section><h2>Traces per day</h2>{_img(charts.get('per_day'), 'traces per day')}</section>")

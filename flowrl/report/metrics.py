@@ -1,7 +1,9 @@
 """Numbers for the report, computed by streaming the store and reading training/eval outputs.
 
 Training runs are read from `metrics.jsonl` (one JSON object per logging step with a `step` key, as
-`flowrl train` writes it) and evaluations from `eval_report.json` (as `flowrl eval` writes it).
+`flowrl train` writes it) and evaluations from `eval_report.json` (as `flowrl eval` writes it) and from eval
+JSON files (`eval.json`, the per-task outcomes with rates, intervals and paired tests of
+`flowrl.evaluate.results`; `flowrl improve` writes one per round as `round-<r>/eval.json`).
 
 What a trace means comes from `flowrl.facts`, as the rewards and datasets read it: tool failures (the
 stored per-tool tallies), the run's outcome, and the label a dataset would use (`label_at`).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,3 +127,82 @@ def find_runs(dirs: list[Path]) -> tuple[list[TrainingRun], list[tuple[Path, dic
                 except json.JSONDecodeError as exc:
                     raise FlowRLError(f"{report} is not valid JSON ({exc}): re-run `flowrl eval`") from exc
     return runs, evals
+
+
+_ROUND = re.compile(r"round-(\d+)")
+
+
+@dataclass
+class EvalFile:
+    """One eval JSON, with what `verify` found ([] when it recomputes to its own figures)."""
+
+    path: Path
+    data: dict[str, Any]
+    problems: list[str]
+    round: int | None = None  # r for a file at `round-<r>/eval.json`
+
+    @property
+    def base(self) -> str:
+        comparisons = self.data["comparisons"]
+        return comparisons[0]["a"] if comparisons else "base"
+
+
+@dataclass
+class EvalGroup:
+    """Eval files shown together: the rounds of one `flowrl improve` folder (`rounds`), or a single file."""
+
+    title: str
+    files: list[EvalFile]
+    rounds: bool
+
+
+def find_eval_files(paths: list[Path]) -> list[EvalFile]:
+    """Eval JSON files given as files, or named `eval.json` in or right below the given folders (`round-<r>/`)."""
+    from flowrl.evaluate.results import read_eval_json, verify
+
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file() and p.suffix == ".json" and p.name != "eval_report.json":
+            found.append(p)
+        elif p.is_dir():
+            below = [c / "eval.json" for c in p.iterdir() if c.is_dir() and (c / "eval.json").is_file()]
+            found += [p / "eval.json"] if (p / "eval.json").is_file() else []
+            found += sorted(below, key=lambda f: (_round_of(f) is None, _round_of(f) or 0, str(f)))
+    files, seen = [], set()
+    for f in found:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            data = read_eval_json(f)
+            files.append(EvalFile(f, data, verify(data), _round_of(f)))
+    return files
+
+
+def group_eval_files(files: list[EvalFile]) -> list[EvalGroup]:
+    """Round files of one folder become one series (in round order); any other file stands alone."""
+    groups: list[EvalGroup] = []
+    series: dict[Path, EvalGroup] = {}
+    for f in files:
+        if f.round is None:
+            groups.append(EvalGroup(str(f.path), [f], rounds=False))
+            continue
+        folder = f.path.parent.parent
+        if folder not in series:
+            series[folder] = EvalGroup(str(folder), [], rounds=True)
+            groups.append(series[folder])
+        series[folder].files.append(f)
+    return groups
+
+
+def round_series(files: list[EvalFile]) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """Arm family -> [(round, arm figures)]: `round-3` and `control-3` of round 3 become `round` and `control`."""
+    out: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for f in files:
+        for arm, figures in f.data["arms"].items():
+            family = arm.removesuffix(f"-{f.round}") if arm != f.base else arm
+            out.setdefault(family, []).append((f.round or 0, figures))
+    return out
+
+
+def _round_of(path: Path) -> int | None:
+    m = _ROUND.fullmatch(path.parent.name)
+    return int(m.group(1)) if m and path.name == "eval.json" else None

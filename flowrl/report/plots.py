@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import require
-from flowrl.report.metrics import StoreMetrics, TrainingRun
+from flowrl.report.metrics import EvalFile, StoreMetrics, TrainingRun, round_series
 
 _BLUE, _RED, _GREY = "#3b6fb6", "#c8553d", "#9aa5b1"
 
@@ -103,6 +103,56 @@ def eval_chart(report: dict[str, Any], out: Path, index: int) -> str | None:
     ax.legend(frameon=False)
     ax.set_title("Eval: mean reward per reward")
     return _save(fig, out / f"eval_{index}.png")
+
+
+def _yerr(figures: list[dict[str, Any]]) -> list[list[float]]:
+    """Asymmetric error bars (below, above) from each arm's Wilson interval."""
+    return [[max(0.0, f["rate"] - f["ci95"][0]) for f in figures], [max(0.0, f["ci95"][1] - f["rate"]) for f in figures]]
+
+
+def success_chart(ev: EvalFile, out: Path, index: int) -> str | None:
+    """Success rate per arm, with its Wilson 95% interval as error bars."""
+    arms = list(ev.data["arms"])
+    if not arms:
+        return None
+    plt = _plt()
+    figures = [ev.data["arms"][a] for a in arms]
+    fig, ax = plt.subplots(figsize=(max(3.6, 0.9 * len(arms) + 1.8), 2.8))
+    ax.bar(range(len(arms)), [f["rate"] for f in figures], 0.6, yerr=_yerr(figures), capsize=4,
+           color=[_GREY if a == ev.base else _BLUE for a in arms], error_kw={"ecolor": "#1f2933", "lw": 1})
+    ax.set_xticks(range(len(arms)), arms, rotation=20 if len(arms) > 3 else 0)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("success rate")
+    ax.set_title(f"Held-out success (n={figures[0]['n']})\nerror bars: 95% Wilson intervals")
+    return _save(fig, out / f"success_{index}.png")
+
+
+def rounds_chart(files: list[EvalFile], out: Path, index: int) -> str | None:
+    """Success rate per round for every arm family (base, round, control...), with Wilson 95% error bars."""
+    series = round_series(files)
+    if not series:
+        return None
+    plt = _plt()
+    base = files[0].base
+    colors = iter([_BLUE, _RED, "#2f9e6e", "#8e5ea2", "#d9a03f"])
+    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    families = sorted(series, key=lambda fam: fam != base)  # base first, then the arms in their file order
+    for i, family in enumerate(families):
+        points = sorted(series[family], key=lambda p: p[0])
+        xs = [r + 0.06 * (i - (len(families) - 1) / 2) for r, _ in points]  # dodge overlapping bars
+        figures = [f for _, f in points]
+        is_base = family == base
+        ax.errorbar(xs, [f["rate"] for f in figures], yerr=_yerr(figures), capsize=4, marker="o", markersize=4,
+                    linestyle="--" if is_base else "-", color=_GREY if is_base else next(colors, _GREY), label=family)
+    rounds = sorted({f.round or 0 for f in files})
+    ax.set_xticks(rounds, [str(r) for r in rounds])
+    ax.set_xlabel("round")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("success rate")
+    ax.legend(frameon=False, fontsize=8)
+    n = next(iter(files[0].data["arms"].values()))["n"]
+    ax.set_title(f"Held-out success per round (n={n}), 95% Wilson intervals")
+    return _save(fig, out / f"success_rounds_{index}.png")
 
 
 def _num(v: Any) -> float:

@@ -1,0 +1,19 @@
+"""`flowrl improve`: the collect -> score -> select -> train -> eval rounds, for the example agent or your own."""
+
+from __future__ import annotations
+
+from flowrl._lazy import lazy_exports
+
+_LAZY: dict[str, str] = {
+    "improve": "flowrl.improve.loop",
+    "Improve": "flowrl.improve.loop",
+    "ImproveConfig": "flowrl.improve.loop",
+    "ImproveError": "flowrl.improve.loop",
+    "Policy": "flowrl.improve.loop",
+    "RoundResult": "flowrl.improve.loop",
+    "example_agent_factory": "flowrl.improve.example",
+}
+
+__all__ = list(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

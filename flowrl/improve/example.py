@@ -1,0 +1,69 @@
+"""The example agent for `flowrl improve` and `flowrl eval --agent example`: one factory, one sandbox.
+
+`ExampleAgents(model_dir)` is a context manager; called with a `Policy` it returns an `ExampleAgent` whose
+local backend runs the base model with the policy's adapter (merged in) at the policy's temperature. Backends
+are cached per (adapter, temperature), and the code sandbox is shared by every agent it makes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from flowrl.improve.loop import Policy
+
+
+class ExampleAgents:
+    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8) -> None:
+        self.model_dir = Path(model_dir)
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self._sandbox: Any = None
+        self._backends: dict[tuple[str | None, float, int], Any] = {}
+
+    def __enter__(self) -> ExampleAgents:
+        from flowrl.rewards.sandbox import Sandbox
+
+        self._sandbox = Sandbox(workers=1).__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._sandbox is not None:
+            self._sandbox.__exit__(*exc)
+        self._backends.clear()
+
+    def backend(self, policy: Policy) -> Any:
+        from flowrl.demo.backend import TransformersBackend
+
+        key = (str(policy.adapter) if policy.adapter else None, policy.temperature, policy.seed)
+        if key not in self._backends:
+            self._backends.clear()  # one model in memory at a time
+            kwargs: dict[str, Any] = {"adapter": policy.adapter, "max_new_tokens": self.max_new_tokens,
+                                      "temperature": policy.temperature, "seed": policy.seed}
+            if "batch_size" in inspect.signature(TransformersBackend).parameters:
+                kwargs["batch_size"] = self.batch_size
+            self._backends[key] = TransformersBackend(self.model_dir, **kwargs)
+        return self._backends[key]
+
+    def __call__(self, policy: Policy) -> Any:
+        from flowrl.demo.agent import ExampleAgent
+
+        if self._sandbox is None:
+            raise RuntimeError("use ExampleAgents as a context manager (it owns the code sandbox)")
+        return ExampleAgent(self.backend(policy), sandbox=self._sandbox, seed=policy.seed)
+
+
+def example_tasks(train_tasks: int, eval_tasks: int, *, seed: int = 0) -> tuple[list[Any], list[Any]]:
+    """`train_tasks` and `eval_tasks` tasks of the generated suite, from its two disjoint parts."""
+    from flowrl.demo import suite as tasks_suite
+
+    tasks = tasks_suite.suite(seed=seed)
+    train, held_out = tasks_suite.split(tasks, held_out=max(eval_tasks, 150), seed=seed)
+    return list(train)[:train_tasks], list(held_out)[:eval_tasks]
+
+
+def example_grade(task: Any, answer: str) -> bool:
+    from flowrl.demo import suite as tasks_suite
+
+    return bool(tasks_suite.grade(task, answer))

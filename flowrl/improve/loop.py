@@ -1,0 +1,327 @@
+"""`flowrl improve`: collect -> score -> select -> train -> eval, in rounds, for any agent.
+
+Each round r:
+1. **collect**: the agent runs every train task `samples` times at `temperature` > 0 with the current policy
+   (the base model in round 1, round r-1's adapter after), hooked, into the store `out/traces` (session ids
+   `improve-r<r>-<task>-<k>`); each trace gets its task's reference answer and task key (the host knows them);
+2. **score**: the reward engine scores the round's traces (`reference_answer` says whether the answer is
+   right, the same rule `grade` applies in eval);
+3. **select**: rejection sampling (STaR / ReST-EM): the runs graded right in every round so far become an SFT
+   set (`--method kto`: every run, labelled by its grade); `control="unfiltered"` also builds an SFT set of
+   as many runs drawn from all of them, right or wrong, so learning from the reward can be told apart from
+   learning the format;
+4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far;
+5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
+   greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
+   McNemar's exact test against the base (`flowrl.evaluate.results`).
+
+Every stage leaves its output in `out/round-<r>/`, so a second call resumes where the first stopped. A round
+with no run graded right stops with one line saying what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from flowrl.errors import FlowRLError
+
+log = logging.getLogger(__name__)
+
+Stage = Callable[[str, str], None]  # (stage, summary)
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class ImproveError(FlowRLError):
+    """The loop cannot go on as configured."""
+
+
+@dataclass
+class ImproveConfig:
+    out: Path
+    rounds: int = 1
+    samples: int = 4
+    method: Literal["sft", "kto"] = "sft"
+    base_model: str = "smollm2-135m"
+    control: Literal["unfiltered"] | None = None
+    temperature: float = 0.8
+    eval_temperature: float = 0.0
+    concurrency: int = 8
+    epochs: float = 2.0
+    max_steps: int | None = None
+    learning_rate: float | None = None
+    seed: int = 0
+    # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
+    hook_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.rounds < 1 or self.samples < 1:
+            raise ImproveError(f"rounds {self.rounds} and samples {self.samples}: use at least 1 of each")
+        if self.method not in ("sft", "kto"):
+            raise ImproveError(f"--method {self.method}: use sft or kto")
+        if self.control not in (None, "unfiltered"):
+            raise ImproveError(f"--control {self.control}: use unfiltered")
+        if self.temperature <= 0:
+            raise ImproveError("collecting needs sampling: use a --temperature above 0")
+
+
+@dataclass
+class Policy:
+    """What an agent factory gets: the model behind the agent, and how it samples."""
+
+    base_model: str
+    adapter: Path | None
+    temperature: float
+    seed: int
+
+
+AgentFactory = Callable[[Policy], Any]
+
+
+@dataclass
+class RoundResult:
+    round: int
+    collected: int
+    right: int
+    selected: int
+    adapter: Path
+    eval_path: Path
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from flowrl.store import atomic_write_bytes
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"))
+
+
+class Improve:
+    """The loop for one agent. `make_agent(policy)` returns an agent; `grade(task, answer)` says right or
+    wrong; tasks have `task_id`, `query` and `answer` (the reference the host knows)."""
+
+    def __init__(self, make_agent: AgentFactory, train_tasks: list[Any], eval_tasks: list[Any],
+                 grade: Callable[[Any, str], bool], config: ImproveConfig, *, on_stage: Stage | None = None,
+                 on_progress: Progress | None = None) -> None:
+        overlap = {t.task_id for t in train_tasks} & {t.task_id for t in eval_tasks}
+        if overlap:
+            raise ImproveError(f"{len(overlap)} tasks are both train and held-out (e.g. {sorted(overlap)[0]}): "
+                               "the eval would measure memory, not improvement")
+        self.make_agent, self.grade, self.cfg = make_agent, grade, config
+        self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
+        self.on_stage = on_stage or (lambda s, m: None)
+        self.on_progress = on_progress or (lambda s, d, t: None)
+        self.out = config.out
+        self.by_id = {t.task_id: t for t in self.train_tasks}
+
+    # -- the rounds --------------------------------------------------------------------------------
+    def run(self) -> list[RoundResult]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        _write_json(self.out / "improve.json", {"config": asdict(self.cfg), "train_tasks": len(self.train_tasks),
+                                                "eval_tasks": len(self.eval_tasks)})
+        base = self.base_outcomes()
+        results = []
+        for r in range(1, self.cfg.rounds + 1):
+            results.append(self.round(r, base))
+        return results
+
+    def round(self, r: int, base: dict[str, bool]) -> RoundResult:
+        folder = self.out / f"round-{r}"
+        previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else None
+        collected, right = self.collect(r, previous)
+        datasets = self.select(r)
+        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"])}
+        if "control" in datasets:
+            adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"])
+        eval_path = folder / "eval.json"
+        data = self.evaluate(eval_path, base, adapters)
+        return RoundResult(r, collected, right, datasets["n_selected"], adapters[f"round-{r}"], eval_path, data["arms"])
+
+    # -- 1. collect ----------------------------------------------------------------------------------
+    def store(self) -> Any:
+        from flowrl.store import TraceStore
+
+        return TraceStore(self.out / "traces")
+
+    def collect(self, r: int, adapter: Path | None) -> tuple[int, int]:
+        marker = self.out / f"round-{r}" / "collect.json"
+        if marker.exists():
+            done = json.loads(marker.read_text())
+            self.on_stage("collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)")
+            return done["runs"], done["right"]
+        from flowrl.capture import hook_into_agent
+        from flowrl.evaluate.agent import run_tasks
+
+        runs = [_Sample(t, k) for k in range(self.cfg.samples) for t in self.train_tasks]
+        policy = Policy(self.cfg.base_model, adapter, self.cfg.temperature, self.cfg.seed + r)
+        agent = self.make_agent(policy)
+        store = self.store()
+        hook = hook_into_agent(agent, store=store, metadata={"improve_round": r}, **self.cfg.hook_options)
+
+        async def run(agent: Any, sample: _Sample) -> str:
+            result = await agent.a_run(sample.query, session_id=f"improve-r{r}-{sample.task_id}")
+            return result if isinstance(result, str) else str(result)
+
+        try:
+            import asyncio
+
+            outcomes = asyncio.run(run_tasks(agent, runs, self.grade, run=run, concurrency=self.cfg.concurrency,
+                                             on_done=lambda n: self.on_progress("collect", n, len(runs))))
+        finally:
+            hook.flush()
+            hook.unhook()
+        self.annotate(store, r)
+        right = sum(outcomes.values())
+        _write_json(marker, {"runs": len(runs), "right": right, "written": hook.stats.written})
+        self.on_stage("collect", f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
+                                 f"{right} right ({right / max(1, len(runs)):.1%})")
+        return len(runs), right
+
+    def annotate(self, store: Any, r: int) -> None:
+        """The host's knowledge on each trace of the round: its task's reference answer and task key."""
+        prefix = f"improve-r{r}-"
+        for trace in store.iter_traces():
+            if not trace.session_id.startswith(prefix):
+                continue
+            task = self.by_id.get(trace.session_id[len(prefix):].rsplit("#", 1)[0])
+            if task is None or trace.metadata.get("reference_answer") == task.answer:
+                continue
+            trace.metadata["reference_answer"] = task.answer
+            trace.group_key = task.task_id
+            store.update(trace)
+
+    # -- 2. score, 3. select ---------------------------------------------------------------------------
+    def select(self, r: int) -> dict[str, Any]:
+        from flowrl.rewards.engine import RewardEngine
+        from flowrl.rewards.scoring import score_store
+
+        folder = self.out / f"round-{r}"
+        marker = folder / "select.json"
+        if marker.exists():
+            done = json.loads(marker.read_text())
+            self.on_stage("select", f"round {r}: {done['n_selected']} runs selected (reused)")
+            return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+        store = self.store()
+        with RewardEngine() as engine:
+            score_store(store, engine)
+        traces = [t for t in store.iter_traces() if t.session_id.startswith("improve-r")
+                  and int(t.session_id.split("-", 2)[1][1:]) <= r]
+        right = [t for t in traces if (t.rewards or {}).get("reference_answer") == 1.0]
+        if not right:
+            raise ImproveError(f"round {r}: no run was graded right in {len(traces)} runs, so there is nothing to "
+                               "learn from: raise --samples or --temperature, or use easier --train-tasks")
+        for t in traces:  # the grade is the label: what rejection sampling selects on
+            t.label, t.label_source = t in right, "engine"
+        done: dict[str, Any] = {"n_selected": len(right) if self.cfg.method == "sft" else len(traces),
+                                "n_right": len(right), "n_runs": len(traces)}
+        chosen = right if self.cfg.method == "sft" else traces
+        self.build(folder / "data-selected", chosen)
+        done["selected"] = "data-selected"
+        if self.cfg.control == "unfiltered":
+            rng = random.Random(self.cfg.seed + r)
+            control = rng.sample(traces, k=min(len(traces), len(right)))
+            for t in control:
+                t.label = True  # SFT takes every drawn run, right or wrong
+            self.build(folder / "data-control", control, method="sft")
+            done["control"] = "data-control"
+        _write_json(marker, done)
+        self.on_stage("select", f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
+                                f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""))
+        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+
+    def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
+        from flowrl.data import DatasetPipeline
+        from flowrl.methods import make_builder
+
+        method = method or self.cfg.method
+        options: dict[str, Any] = {"select": "label"} if method == "sft" else {}
+        builder = make_builder(method, **options)
+        DatasetPipeline(builder, val_fraction=0.0, filters=None).build(
+            [t.model_copy(update={"label_source": "manual"}) for t in traces], out, overwrite=True)
+
+    # -- 4. train --------------------------------------------------------------------------------------
+    def train(self, out: Path, dataset: Path) -> Path:
+        if (out / "adapter_config.json").exists():
+            self.on_stage("train", f"{out.relative_to(self.out)} already trained (reused)")
+            return out
+        from flowrl.train import TrainingConfig, TrainingPipeline
+
+        cfg = TrainingConfig(method=self.cfg.method if "control" not in out.name else "sft", dataset=dataset,
+                             base_model=self.cfg.base_model, output_dir=out, max_steps=self.cfg.max_steps or -1,
+                             num_train_epochs=self.cfg.epochs, learning_rate=self.cfg.learning_rate,
+                             progress_bar=False, overwrite=True, seed=self.cfg.seed)
+        result = TrainingPipeline(cfg).run()
+        self.on_stage("train", f"{out.relative_to(self.out)}: {result.global_step} steps, "
+                               f"loss {result.last_metrics.get('loss', float('nan')):.3f}")
+        return out
+
+    # -- 5. eval ----------------------------------------------------------------------------------------
+    def _eval_arm(self, name: str, adapter: Path | None) -> dict[str, bool]:
+        from flowrl.evaluate.agent import run_arms
+
+        policy = Policy(self.cfg.base_model, adapter, self.cfg.eval_temperature, self.cfg.seed)
+        outcomes = run_arms({name: lambda: self.make_agent(policy)}, self.eval_tasks, self.grade,
+                            concurrency=self.cfg.concurrency, store_root=self.out / "eval-traces",
+                            hook_options=self.cfg.hook_options,
+                            on_progress=lambda a, d, t: self.on_progress(f"eval {a}", d, t))
+        return {tid: arms[name] for tid, arms in outcomes.items()}
+
+    def base_outcomes(self) -> dict[str, bool]:
+        path = self.out / "base-outcomes.json"
+        if path.exists():
+            self.on_stage("eval", "base: outcomes already measured (reused)")
+            return json.loads(path.read_text())
+        outcomes = self._eval_arm("base", None)
+        _write_json(path, outcomes)
+        right = sum(outcomes.values())
+        self.on_stage("eval", f"base: {right} of {len(outcomes)} held-out tasks right")
+        return outcomes
+
+    def evaluate(self, path: Path, base: dict[str, bool], adapters: dict[str, Path]) -> dict[str, Any]:
+        from flowrl.evaluate.results import format_table, summarize, write_eval_json
+
+        if path.exists():
+            data = json.loads(path.read_text())
+            self.on_stage("eval", f"{path.relative_to(self.out)} already written (reused)")
+            return data
+        per_arm = {"base": base}
+        for name, adapter in adapters.items():
+            per_arm[name] = self._eval_arm(name, adapter)
+        outcomes = {t.task_id: {arm: per_arm[arm][t.task_id] for arm in per_arm} for t in self.eval_tasks}
+        data = summarize(outcomes, base="base")
+        write_eval_json(path, data)
+        for line in format_table(data):
+            self.on_stage("eval", line)
+        return data
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """One collection run: a train task, sampled the k-th time (ids stay unique across samples)."""
+
+    task: Any
+    k: int
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.task.task_id}#{self.k}"
+
+    @property
+    def query(self) -> str:
+        return self.task.query
+
+    @property
+    def answer(self) -> str:
+        return self.task.answer
+
+
+def improve(make_agent: AgentFactory, train_tasks: list[Any], eval_tasks: list[Any], grade: Callable[[Any, str], bool],
+            config: ImproveConfig, **callbacks: Any) -> list[RoundResult]:
+    """The loop for your own agent (see the module docstring); returns one result per round."""
+    return Improve(make_agent, train_tasks, eval_tasks, grade, config, **callbacks).run()

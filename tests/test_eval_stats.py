@@ -1,0 +1,131 @@
+"""The eval's statistics and its JSON: known values, determinism, a verifiable round trip, the report's error bars."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from flowrl.errors import ConfigError, FlowRLError
+from flowrl.evaluate.results import format_table, read_eval_json, summarize, verify, write_eval_json
+from flowrl.evaluate.stats import mcnemar_exact, paired_bootstrap_diff, wilson_interval
+from flowrl.report import make_report
+from flowrl.store import TraceStore
+
+
+def _outcomes(n: int = 150, rates: dict[str, float] | None = None, seed: int = 1) -> dict[str, dict[str, bool]]:
+    rng = random.Random(seed)
+    rates = rates or {"base": 0.12, "round-1": 0.45}
+    return {f"task-{i:03d}": {arm: rng.random() < p for arm, p in rates.items()} for i in range(n)}
+
+
+def test_wilson_interval_known_values() -> None:
+    assert wilson_interval(0, 4) == pytest.approx((0.0, 0.4899), abs=1e-4)
+    assert wilson_interval(1, 4) == pytest.approx((0.0456, 0.6994), abs=1e-4)
+    assert wilson_interval(18, 150) == pytest.approx((0.07727, 0.18171), abs=1e-5)
+    assert wilson_interval(4, 4) == pytest.approx((0.5101, 1.0), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(5, 4)
+
+
+def test_mcnemar_exact_known_values() -> None:
+    assert mcnemar_exact(0, 1) == 1.0
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(0, 10) == 0.001953125
+    assert mcnemar_exact(10, 0) == 0.001953125
+    assert mcnemar_exact(2, 10) == pytest.approx(0.0386, abs=1e-4)  # 2 * 79 / 4096
+    assert mcnemar_exact(5, 5) == 1.0  # capped
+    assert 0 < mcnemar_exact(3000, 3100) < 1  # big counts stay exact integers until the last division
+
+
+def test_paired_bootstrap_is_deterministic_and_sees_a_clear_improvement() -> None:
+    out = _outcomes()
+    a = [o["base"] for o in out.values()]
+    b = [o["round-1"] for o in out.values()]
+    first = paired_bootstrap_diff(a, b, seed=0)
+    assert paired_bootstrap_diff(a, b, seed=0) == first
+    diff, lo, hi = first
+    assert diff == pytest.approx(sum(b) / len(b) - sum(a) / len(a))
+    assert 0 < lo < diff < hi
+    none_diff, none_lo, none_hi = paired_bootstrap_diff(a, a)
+    assert none_diff == none_lo == none_hi == 0.0
+    with pytest.raises(ValueError, match="pair them"):
+        paired_bootstrap_diff(a, b[:-1])
+
+
+def test_summarize_writes_the_schema_and_verifies_after_a_round_trip(tmp_path: Path) -> None:
+    data = summarize(_outcomes(rates={"base": 0.12, "round-1": 0.45, "control-1": 0.15}))
+    assert set(data) == {"tasks", "arms", "comparisons"}
+    assert list(data["arms"]) == ["base", "round-1", "control-1"]
+    assert set(data["arms"]["base"]) == {"n", "successes", "rate", "ci95"}
+    assert [(c["a"], c["b"]) for c in data["comparisons"]] == [("base", "round-1"), ("base", "control-1")]
+    c = data["comparisons"][0]
+    assert c["both"] + c["only_a"] + c["only_b"] + c["neither"] == 150
+    assert c["mcnemar_p"] < 0.01 and c["diff_ci95"][0] > 0
+    path = tmp_path / "round-1" / "eval.json"
+    write_eval_json(path, data)
+    again = read_eval_json(path)
+    assert again == data and verify(again) == []
+    lines = format_table(again)
+    assert lines[1].startswith("base") and "McNemar exact p" in lines[-1]
+
+
+def test_verify_catches_a_tampered_figure() -> None:
+    data = json.loads(json.dumps(summarize(_outcomes())))
+    data["arms"]["round-1"]["rate"] += 0.01
+    data["comparisons"][0]["only_b"] += 1
+    problems = verify(data)
+    assert any(p.startswith("arms.round-1.rate") for p in problems)
+    assert any("only_b" in p for p in problems)
+    data = summarize(_outcomes())
+    data["tasks"][0]["outcomes"]["base"] = not data["tasks"][0]["outcomes"]["base"]  # the outcomes no longer fit
+    assert any("successes" in p for p in verify(data))
+    assert verify({**data, "extra": 1})[0].startswith("not an eval JSON")
+
+
+def test_a_missing_arm_is_a_clear_error() -> None:
+    out = _outcomes(n=5)
+    del out["task-003"]["round-1"]
+    with pytest.raises(ConfigError, match=r"task 'task-003' has no outcome for arm 'round-1'"):
+        summarize(out)
+    with pytest.raises(ConfigError, match="no base arm"):
+        summarize(_outcomes(n=3, rates={"a": 0.5}))
+
+
+def test_read_eval_json_names_the_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "eval.json"
+    bad.write_text("{not json")
+    with pytest.raises(FlowRLError, match="eval.json is not valid JSON"):
+        read_eval_json(bad)
+    bad.write_text(json.dumps({"tasks": [], "arms": {}}))
+    with pytest.raises(FlowRLError, match="is not an eval JSON") as err:
+        read_eval_json(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_report_draws_rates_with_error_bars_per_round(tmp_path: Path) -> None:
+    improve = tmp_path / "improve"
+    for r, rate in ((1, 0.3), (2, 0.45)):
+        out = _outcomes(rates={"base": 0.12, f"round-{r}": rate, f"control-{r}": 0.15}, seed=r)
+        write_eval_json(improve / f"round-{r}" / "eval.json", summarize(out))
+    single = tmp_path / "eval-cli.json"
+    write_eval_json(single, summarize(_outcomes()))
+    result = make_report(TraceStore(tmp_path / "store"), tmp_path / "out", [improve, single])
+    page = result.html.read_text()
+    assert "<h2>Held-out success</h2>" in page and "McNemar exact p" in page
+    assert "Every figure recomputes from the per-task outcomes." in page
+    assert "run `flowrl eval`" not in page  # the placeholder goes once there is an eval
+    names = {p.name for p in result.pngs}
+    assert {"success_rounds_0.png", "success_1.png"} <= names
+    assert (tmp_path / "out" / "success_rounds_0.png").stat().st_size > 5_000
+
+
+def test_report_flags_an_eval_json_that_does_not_recompute(tmp_path: Path) -> None:
+    data = summarize(_outcomes())
+    data["arms"]["round-1"]["successes"] += 5
+    write_eval_json(tmp_path / "run" / "eval.json", data)
+    page = make_report(TraceStore(tmp_path / "store"), tmp_path / "out", [tmp_path / "run"]).html.read_text()
+    assert "do not recompute" in page and "arms.round-1.successes" in page
