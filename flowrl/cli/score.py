@@ -65,9 +65,10 @@ def score_cmd(
     config: Path | None = typer.Option(None, "--config", "-c", help="Reward config (TOML or YAML): rewards and weights."),
     all_: bool = typer.Option(False, "--all", help="Rescore every trace, not only those without a score."),
     workers: int = typer.Option(4, "--workers", "-j", min=1, help="Batches scored in parallel."),
-    max_error_rate: float = typer.Option(
-        DEFAULT_MAX_ERROR_RATE, "--max-error-rate", min=0.0, max=1.0,
-        help="Write nothing when more than this share of the (trace, reward) results are errors (a reward crashed)."),
+    max_error_rate: float | None = typer.Option(
+        None, "--max-error-rate", min=0.0, max=1.0,
+        help="Write nothing when more than this share of the (trace, reward) results are errors (a reward crashed). "
+             f"Default: max_error_rate in the reward config, else {DEFAULT_MAX_ERROR_RATE:g}."),
 ) -> None:
     """Score traces with the reward engine and write rewards, score and label onto each trace.
 
@@ -78,6 +79,8 @@ def score_cmd(
     if not st.root.is_dir():
         raise ConfigError(f"no traces under {st.root}: run `flowrl ingest PATH` first, or pass --store")
     with RewardEngine.from_config(config) as engine:
+        if max_error_rate is None:  # the flag wins, then the config's key, then the default
+            max_error_rate = DEFAULT_MAX_ERROR_RATE if engine.max_error_rate is None else engine.max_error_rate
         with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=console, transient=True) as bar:
             task = bar.add_task("score", total=None)

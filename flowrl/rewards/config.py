@@ -3,6 +3,7 @@
 ```toml
 threshold = 0.6            # get_binary_label: combined score >= threshold is "good"
 include_defaults = true    # false: only the rewards listed below
+max_error_rate = 0.01      # flowrl score: past this share of errored results nothing is written (--max-error-rate wins)
 
 [rewards]
 format = 1.0               # shorthand: just a weight
@@ -21,16 +22,28 @@ cache_dir = "judge-cache"  # relative paths are relative to this file
 ```
 
 Every mistake is a ConfigError naming the file and the key: an unknown reward, a negative or non-numeric
-weight, an option the reward does not take, a judge with no model.
+weight, an option the reward does not take, a judge with no model, an error rate outside 0..1.
+
+REGISTRY is the one table of reward names. A new built-in reward is one module and one line there; a reward
+defined elsewhere is one `register_reward(name, "module:Class", weight=...)` call. Installed packages add
+rewards through the `flowrl.rewards` entry-point group (`length = "my_pkg.rewards:LengthReward"`), loaded once,
+on first use of the table (never at import). The precedence: a built-in name, or one already registered in
+code, is never replaced by a plugin (the plugin is refused with a warning); a plugin that fails to import is
+skipped with one warning; `register_reward` itself adds or replaces. A plugin is enabled once installed, with
+the weight of its class's `default_weight` (else 1), unless its class sets `enabled_by_default = False`; turn it
+off with `enabled = false` under `[rewards.NAME]`.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
 import os
+import threading
 from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -38,29 +51,60 @@ from flowrl.errors import ConfigError
 from flowrl.facts import CORRECTNESS as CORRECTNESS  # re-exported: engine.py and tests read it here
 from flowrl.facts import DEFAULT_THRESHOLD
 
-# name -> (module, class, default weight, enabled by default). The style rewards weigh what toolboxv2's rl module
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "flowrl.rewards"
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredReward:
+    """One row of REGISTRY: the reward's class ("module:Class", imported on first use, or the class itself), its
+    default weight, whether it runs without a config naming it, and the package that registered it through an
+    entry point (None: flowrl itself, or a `register_reward` call)."""
+
+    target: str | type
+    weight: float = 1.0
+    enabled: bool = True
+    plugin: str | None = None
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0] if isinstance(self.target, str) else self.target.__module__
+
+    @property
+    def class_name(self) -> str:
+        return self.target.partition(":")[2] if isinstance(self.target, str) else self.target.__qualname__
+
+    def load(self) -> type:
+        if isinstance(self.target, type):
+            return self.target
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
+# name -> where the class is, default weight, enabled by default. The style rewards weigh what toolboxv2's rl module
 # gave them; the correctness rewards outweigh them (see CORRECTNESS and engine.py): task_completion weighs more than
 # every style reward together (6.5, or 8.5 with learned and judge enabled), reference_answer more than those and
-# task_completion together (18.5).
-REGISTRY: dict[str, tuple[str, str, float, bool]] = {
-    "code_execution": ("flowrl.rewards.code_execution", "CodeExecutionReward", 2.0, True),
-    "syntax": ("flowrl.rewards.syntax", "SyntaxValidationReward", 1.0, True),
-    "tool_success": ("flowrl.rewards.tool_success", "ToolSuccessReward", 2.0, True),
-    "task_completion": ("flowrl.rewards.task_completion", "TaskCompletionReward", 10.0, True),
-    "efficiency": ("flowrl.rewards.efficiency", "EfficiencyReward", 0.5, True),
-    "format": ("flowrl.rewards.format", "FormatComplianceReward", 1.0, True),
-    "reference_answer": ("flowrl.rewards.reference", "ReferenceAnswerReward", 20.0, True),
-    "learned": ("flowrl.rewards.learned", "LearnedReward", 1.0, False),
-    "judge": ("flowrl.rewards.judge", "LLMJudgeReward", 1.0, False),
+# task_completion together (18.5). A new built-in reward is one line here (flowrl.rewards exports its class).
+REGISTRY: dict[str, RegisteredReward] = {
+    "code_execution": RegisteredReward("flowrl.rewards.code_execution:CodeExecutionReward", 2.0),
+    "syntax": RegisteredReward("flowrl.rewards.syntax:SyntaxValidationReward", 1.0),
+    "tool_success": RegisteredReward("flowrl.rewards.tool_success:ToolSuccessReward", 2.0),
+    "task_completion": RegisteredReward("flowrl.rewards.task_completion:TaskCompletionReward", 10.0),
+    "efficiency": RegisteredReward("flowrl.rewards.efficiency:EfficiencyReward", 0.5),
+    "format": RegisteredReward("flowrl.rewards.format:FormatComplianceReward", 1.0),
+    "reference_answer": RegisteredReward("flowrl.rewards.reference:ReferenceAnswerReward", 20.0),
+    "learned": RegisteredReward("flowrl.rewards.learned:LearnedReward", 1.0, enabled=False),
+    "judge": RegisteredReward("flowrl.rewards.judge:LLMJudgeReward", 1.0, enabled=False),
 }
-DEFAULT_WEIGHTS: dict[str, float] = {name: spec[2] for name, spec in REGISTRY.items() if spec[3]}
+BUILTIN_REWARDS: tuple[str, ...] = tuple(REGISTRY)
+DEFAULT_WEIGHTS: dict[str, float] = {name: entry.weight for name, entry in REGISTRY.items() if entry.enabled}
 # CORRECTNESS (the rewards that say whether the run got the task right, the one that decides first) and
 # DEFAULT_THRESHOLD (the label's) belong to the label rule in flowrl.facts.
 # toolboxv2's rl-module weights, where style can outvote correctness: to reproduce its scores
 # (`RewardEngine(weights=TOOLBOXV2_WEIGHTS)`, or the same numbers in a config file; see docs/rewards.md).
 TOOLBOXV2_WEIGHTS: dict[str, float] = {**DEFAULT_WEIGHTS, "task_completion": 1.5, "reference_answer": 2.0}
 PATH_OPTIONS: dict[str, tuple[str, ...]] = {"learned": ("model",), "judge": ("cache_dir",)}
-_TOP_KEYS = ("threshold", "include_defaults", "rewards")
+_TOP_KEYS = ("threshold", "include_defaults", "max_error_rate", "rewards")
 
 
 @dataclass
@@ -76,16 +120,98 @@ class EngineConfig:
     rewards: dict[str, RewardSpec]
     threshold: float = DEFAULT_THRESHOLD
     source: str = "<defaults>"
+    max_error_rate: float | None = None  # None: `flowrl score`'s own default, unless --max-error-rate is given
+
+
+def register_reward(name: str, target: str | type, *, weight: float = 1.0, enabled: bool = True) -> RegisteredReward:
+    """Add (or replace) a reward in REGISTRY: `target` is its class or "module:Class" (imported on first use).
+    `RewardEngine()`, reward configs and `flowrl score` then know it by `name`."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"register_reward: the name must be a non-empty string, got {name!r}")
+    if isinstance(target, str):
+        module, _, cls = target.partition(":")
+        if not module or not cls:
+            raise ConfigError(f"register_reward({name!r}): give the class or 'module:Class', got {target!r}")
+    elif not isinstance(target, type):
+        raise ConfigError(f"register_reward({name!r}): give the class or 'module:Class', got {target!r}")
+    entry = RegisteredReward(target, _weight(Path("register_reward"), name, weight), bool(enabled))
+    REGISTRY[name] = entry
+    return entry
+
+
+_plugins_loaded = False
+_plugins_lock = threading.RLock()  # reentrant: a plugin module may use the registry while it is imported
+
+
+def load_plugins() -> None:
+    """Register the rewards that installed packages offer under the `flowrl.rewards` entry-point group. Runs once
+    per process, on first use of the registry; a plugin that cannot be loaded is logged and skipped."""
+    global _plugins_loaded
+    with _plugins_lock:
+        if _plugins_loaded:
+            return
+        _plugins_loaded = True
+        try:
+            found = list(entry_points(group=ENTRY_POINT_GROUP))
+        except Exception as exc:  # broken metadata of some installed package: scoring goes on with what flowrl has
+            log.warning("flowrl: cannot read the %s entry points, no reward plugins loaded: %s", ENTRY_POINT_GROUP, exc)
+            return
+        for ep in found:
+            _add_plugin(ep)
+
+
+def _add_plugin(ep: EntryPoint) -> None:
+    from flowrl.rewards.base import Reward
+
+    package = ep.dist.name if ep.dist is not None else "an unknown package"
+    taken = REGISTRY.get(ep.name)
+    if taken is not None:
+        if taken.plugin == package:  # the same package seen twice on the path
+            return
+        owner = ("a built-in reward" if ep.name in BUILTIN_REWARDS
+                 else f"the {taken.plugin} plugin" if taken.plugin else "a reward registered with register_reward")
+        log.warning("flowrl: reward plugin %r from %s is not loaded: %s already has that name, and it wins; the "
+                    "plugin's package should rename its %s entry point", ep.name, package, owner, ENTRY_POINT_GROUP)
+        return
+    try:
+        cls = ep.load()
+    except Exception as exc:  # a broken plugin must not stop `flowrl score`
+        log.warning("flowrl: reward plugin %r from %s (%s) failed to import and is skipped: %s: %s; fix or "
+                    "uninstall %s", ep.name, package, ep.value, type(exc).__name__, exc, package)
+        return
+    if not (isinstance(cls, type) and issubclass(cls, Reward)):
+        log.warning("flowrl: reward plugin %r from %s is skipped: %s is not a flowrl.rewards.Reward subclass",
+                    ep.name, package, ep.value)
+        return
+    weight = getattr(cls, "default_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+        log.warning("flowrl: reward plugin %r from %s is skipped: default_weight must be a number >= 0, got %r",
+                    ep.name, package, weight)
+        return
+    enabled = getattr(cls, "enabled_by_default", True) is not False
+    REGISTRY[ep.name] = RegisteredReward(cls, float(weight), enabled, plugin=package)
+
+
+def registry() -> dict[str, RegisteredReward]:
+    """REGISTRY, with the installed plugins' rewards in it."""
+    load_plugins()
+    return REGISTRY
+
+
+def reward_names() -> tuple[str, ...]:
+    return tuple(registry())
 
 
 def reward_class(name: str) -> type:
     """The class registered under `name` (imported on first use)."""
-    module, cls, _, _ = REGISTRY[name]
-    return getattr(importlib.import_module(module), cls)
+    entry = registry().get(name)
+    if entry is None:
+        raise ConfigError(f"unknown reward {name!r} (known: {', '.join(REGISTRY)})")
+    return entry.load()
 
 
 def default_config() -> EngineConfig:
-    return EngineConfig({n: RewardSpec(n, w, on) for n, (_, _, w, on) in REGISTRY.items()})
+    return EngineConfig({n: RewardSpec(n, e.weight, e.enabled) for n, e in registry().items()})
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -151,7 +277,12 @@ def load_config(path: str | Path) -> EngineConfig:
     threshold = data.get("threshold", DEFAULT_THRESHOLD)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
         raise ConfigError(f"{path}: threshold: use a number between 0 and 1, got {threshold!r}")
+    max_error_rate = data.get("max_error_rate")
+    if max_error_rate is not None and (isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float))
+                                       or not 0 <= max_error_rate <= 1):
+        raise ConfigError(f"{path}: max_error_rate: use a number between 0 and 1 (0.01 is 1%), got {max_error_rate!r}")
     cfg = default_config()
+    cfg.max_error_rate = None if max_error_rate is None else float(max_error_rate)
     if not include_defaults:
         for spec in cfg.rewards.values():
             spec.enabled = False

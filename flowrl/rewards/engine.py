@@ -50,10 +50,10 @@ from flowrl.rewards.base import Reward, RewardResult, score_safely
 from flowrl.rewards.config import (
     CORRECTNESS,
     DEFAULT_THRESHOLD,
-    REGISTRY,
     EngineConfig,
     default_config,
     load_config,
+    registry,
     reward_class,
 )
 from flowrl.schema import ExecutionTrace
@@ -79,7 +79,7 @@ def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float
         try:
             cls = reward_class(name)
         except ModuleNotFoundError as exc:
-            if exc.name != REGISTRY[name][0]:
+            if exc.name != registry()[name].module:
                 raise
             log.warning("flowrl: reward %s is not available in this install (%s); skipping it", name, exc)
             continue
@@ -104,9 +104,11 @@ class RewardEngine:
         for name, w in weights.items():
             if w < 0:
                 raise ConfigError(f"weight of {name!r} must not be negative, got {w}")
-        self.weights = {n: float(weights.get(n, REGISTRY[n][2] if n in REGISTRY else 1.0)) for n in self.rewards}
+        table = registry()
+        self.weights = {n: float(weights.get(n, table[n].weight if n in table else 1.0)) for n in self.rewards}
         self.threshold = threshold
         self.source = "<defaults>"
+        self.max_error_rate: float | None = None  # the config's; `flowrl score --max-error-rate` wins over it
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> RewardEngine:
@@ -114,7 +116,7 @@ class RewardEngine:
         cfg = load_config(path) if path is not None else default_config()
         rewards, weights = build_rewards(cfg)
         engine = cls(rewards, weights, cfg.threshold)
-        engine.source = cfg.source
+        engine.source, engine.max_error_rate = cfg.source, cfg.max_error_rate
         return engine
 
     @property
