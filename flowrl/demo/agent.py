@@ -25,9 +25,76 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-FACTS = {
+# The tables behind `lookup`. The generated task suite (flowrl/demo/suite.py) asks about their entries, so every
+# value here is an answer some task is graded on: countries whose capital is disputed or spelled several ways
+# are left out, names are lower-case ASCII.
+CAPITALS: dict[str, str] = dict(item.strip().split("=") for item in """
+afghanistan=Kabul; albania=Tirana; algeria=Algiers; andorra=Andorra la Vella; angola=Luanda; argentina=Buenos Aires;
+armenia=Yerevan; australia=Canberra; austria=Vienna; azerbaijan=Baku; bahamas=Nassau; bahrain=Manama;
+bangladesh=Dhaka; barbados=Bridgetown; belarus=Minsk; belgium=Brussels; belize=Belmopan; bhutan=Thimphu;
+bosnia and herzegovina=Sarajevo; botswana=Gaborone; brazil=Brasilia; brunei=Bandar Seri Begawan; bulgaria=Sofia;
+burkina faso=Ouagadougou; cambodia=Phnom Penh; cameroon=Yaounde; canada=Ottawa; cape verde=Praia;
+central african republic=Bangui; chile=Santiago; china=Beijing; colombia=Bogota; comoros=Moroni; costa rica=San Jose;
+croatia=Zagreb; cuba=Havana; cyprus=Nicosia; czech republic=Prague; denmark=Copenhagen; dominica=Roseau;
+dominican republic=Santo Domingo; east timor=Dili; ecuador=Quito; egypt=Cairo; el salvador=San Salvador;
+eritrea=Asmara; estonia=Tallinn; ethiopia=Addis Ababa; fiji=Suva; finland=Helsinki; france=Paris; gabon=Libreville;
+gambia=Banjul; georgia=Tbilisi; germany=Berlin; ghana=Accra; greece=Athens; guatemala=Guatemala City;
+guinea=Conakry; guinea-bissau=Bissau; guyana=Georgetown; haiti=Port-au-Prince; honduras=Tegucigalpa;
+hungary=Budapest; iceland=Reykjavik; india=New Delhi; iran=Tehran; iraq=Baghdad; ireland=Dublin; italy=Rome;
+jamaica=Kingston; japan=Tokyo; jordan=Amman; kenya=Nairobi; kuwait=Kuwait City; kyrgyzstan=Bishkek; laos=Vientiane;
+latvia=Riga; lebanon=Beirut; lesotho=Maseru; liberia=Monrovia; libya=Tripoli; liechtenstein=Vaduz;
+lithuania=Vilnius; madagascar=Antananarivo; malawi=Lilongwe; malaysia=Kuala Lumpur; mali=Bamako; malta=Valletta;
+marshall islands=Majuro; mauritania=Nouakchott; mauritius=Port Louis; mexico=Mexico City; micronesia=Palikir;
+moldova=Chisinau; mongolia=Ulaanbaatar; montenegro=Podgorica; morocco=Rabat; mozambique=Maputo; namibia=Windhoek;
+nepal=Kathmandu; netherlands=Amsterdam; new zealand=Wellington; nicaragua=Managua; niger=Niamey; nigeria=Abuja;
+north korea=Pyongyang; north macedonia=Skopje; norway=Oslo; oman=Muscat; pakistan=Islamabad; panama=Panama City;
+papua new guinea=Port Moresby; paraguay=Asuncion; peru=Lima; philippines=Manila; poland=Warsaw; portugal=Lisbon;
+qatar=Doha; romania=Bucharest; russia=Moscow; rwanda=Kigali; saint lucia=Castries; samoa=Apia;
+saudi arabia=Riyadh; senegal=Dakar; serbia=Belgrade; seychelles=Victoria; sierra leone=Freetown;
+slovakia=Bratislava; slovenia=Ljubljana; solomon islands=Honiara; somalia=Mogadishu; south korea=Seoul;
+south sudan=Juba; spain=Madrid; sudan=Khartoum; suriname=Paramaribo; sweden=Stockholm; switzerland=Bern;
+syria=Damascus; tajikistan=Dushanbe; thailand=Bangkok; togo=Lome; trinidad and tobago=Port of Spain; tunisia=Tunis;
+turkey=Ankara; turkmenistan=Ashgabat; tuvalu=Funafuti; uganda=Kampala; ukraine=Kyiv; united arab emirates=Abu Dhabi;
+united kingdom=London; united states=Washington; uruguay=Montevideo; uzbekistan=Tashkent; vanuatu=Port Vila;
+venezuela=Caracas; vietnam=Hanoi; zambia=Lusaka; zimbabwe=Harare""".split(";"))
+# name -> (atomic number, symbol), elements 1 to 103 in order
+ELEMENTS: dict[str, tuple[int, str]] = {
+    name: (number, symbol) for number, (symbol, name) in enumerate((item.split() for item in """
+H hydrogen; He helium; Li lithium; Be beryllium; B boron; C carbon; N nitrogen; O oxygen; F fluorine; Ne neon;
+Na sodium; Mg magnesium; Al aluminium; Si silicon; P phosphorus; S sulfur; Cl chlorine; Ar argon; K potassium;
+Ca calcium; Sc scandium; Ti titanium; V vanadium; Cr chromium; Mn manganese; Fe iron; Co cobalt; Ni nickel;
+Cu copper; Zn zinc; Ga gallium; Ge germanium; As arsenic; Se selenium; Br bromine; Kr krypton; Rb rubidium;
+Sr strontium; Y yttrium; Zr zirconium; Nb niobium; Mo molybdenum; Tc technetium; Ru ruthenium; Rh rhodium;
+Pd palladium; Ag silver; Cd cadmium; In indium; Sn tin; Sb antimony; Te tellurium; I iodine; Xe xenon; Cs caesium;
+Ba barium; La lanthanum; Ce cerium; Pr praseodymium; Nd neodymium; Pm promethium; Sm samarium; Eu europium;
+Gd gadolinium; Tb terbium; Dy dysprosium; Ho holmium; Er erbium; Tm thulium; Yb ytterbium; Lu lutetium;
+Hf hafnium; Ta tantalum; W tungsten; Re rhenium; Os osmium; Ir iridium; Pt platinum; Au gold; Hg mercury;
+Tl thallium; Pb lead; Bi bismuth; Po polonium; At astatine; Rn radon; Fr francium; Ra radium; Ac actinium;
+Th thorium; Pa protactinium; U uranium; Np neptunium; Pu plutonium; Am americium; Cm curium; Bk berkelium;
+Cf californium; Es einsteinium; Fm fermium; Md mendelevium; No nobelium; Lr lawrencium""".split(";")), start=1)}
+# whole-number facts, phrased so that "number of <key>" reads as a question
+COUNTS: dict[str, int] = {
+    "days in a week": 7, "days in a fortnight": 14, "days in a year": 365, "days in a leap year": 366,
+    "hours in a day": 24, "hours in a week": 168, "minutes in an hour": 60, "minutes in a day": 1440,
+    "seconds in a minute": 60, "seconds in an hour": 3600, "seconds in a day": 86400, "weeks in a year": 52,
+    "months in a year": 12, "years in a decade": 10, "years in a century": 100, "years in a millennium": 1000,
+    "grams in a kilogram": 1000, "kilograms in a tonne": 1000, "milliliters in a liter": 1000,
+    "meters in a kilometer": 1000, "centimeters in a meter": 100, "millimeters in a centimeter": 10,
+    "inches in a foot": 12, "feet in a yard": 3, "feet in a mile": 5280, "yards in a mile": 1760,
+    "ounces in a pound": 16, "pounds in a stone": 14, "quarts in a gallon": 4, "bits in a byte": 8,
+    "degrees in a circle": 360, "degrees in a right angle": 90, "sides of a pentagon": 5, "sides of a hexagon": 6,
+    "sides of an octagon": 8, "squares on a chessboard": 64, "keys on a piano": 88, "cards in a standard deck": 52,
+    "players on a soccer team": 11, "strings on a violin": 4, "bones in the adult human body": 206,
+    "legs of a spider": 8, "legs of an insect": 6, "hearts of an octopus": 3, "states in the united states": 50,
+    "planets in the solar system": 8, "continents on earth": 7,
+}
+FACTS: dict[str, str] = {
     "capital of france": "Paris", "capital of japan": "Tokyo", "capital of italy": "Rome",
     "boiling point of water": "100 degrees Celsius", "days in a week": "7", "speed of light": "299792458 m/s",
+    **{f"capital of {country}": city for country, city in CAPITALS.items()},
+    **{f"atomic number of {name}": str(number) for name, (number, _) in ELEMENTS.items()},
+    **{f"chemical symbol of {name}": symbol for name, (_, symbol) in ELEMENTS.items()},
+    **{key: str(value) for key, value in COUNTS.items()},
 }
 WEATHER = {"berlin": "sunny, 21C", "rome": "cloudy, 18C", "paris": "rainy, 15C"}
 
@@ -118,6 +185,23 @@ class ExecutionContext:
     current_iteration: int = 0
     max_iterations: int = 4
     tools_dict: list[dict[str, Any]] = field(default_factory=list)
+
+
+def find_fact(key: str, facts: dict[str, str] = FACTS) -> str | None:
+    """The `lookup` tool's matching. The key is lower-cased and stripped of ' ?.'; then the fact named exactly,
+    else the longest fact named inside the key ("capital of nigeria" is not "capital of niger"), else the first
+    fact whose name contains the key as whole words ("capital of mars" is not "capital of marshall islands").
+    None when nothing matches."""
+    key = key.lower().strip(" ?.")
+    if not key:
+        return None
+    if key in facts:
+        return facts[key]
+    inside = [fact for fact in facts if fact in key]
+    if inside:
+        return facts[max(inside, key=len)]
+    words = re.compile(rf"(?<!\w){re.escape(key)}(?!\w)")
+    return next((value for fact, value in facts.items() if words.search(fact)), None)
 
 
 def parse_tool_calls(text: str) -> list[_ToolCall]:
@@ -236,11 +320,10 @@ class ExampleAgent:
         if function_name == "exec_code":
             return await asyncio.to_thread(self._exec_code, str(kwargs.get("code", "")))
         if function_name == "lookup":
-            key = str(kwargs.get("key", "")).lower().strip(" ?.")
-            for fact, value in FACTS.items():
-                if fact in key or key in fact and key:
-                    return value
-            raise KeyError(f"no fact for {kwargs.get('key')!r}")
+            value = find_fact(str(kwargs.get("key", "")))
+            if value is None:
+                raise KeyError(f"no fact for {kwargs.get('key')!r}")
+            return value
         if function_name == "get_weather":
             if self._rng.random() < 0.34:
                 raise TimeoutError("weather service unreachable")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from flowrl.facts import query_key
 from flowrl.rewards.reference import answer_matches
 from flowrl.store import TraceStore
 
@@ -37,13 +39,17 @@ TASKS: tuple[Task, ...] = (
 BY_QUERY = {t.query: t for t in TASKS}
 
 
-def annotate(store: TraceStore, **filters: Any) -> int:
+def annotate(store: TraceStore, tasks: Iterable[Task] | None = None, **filters: Any) -> int:
     """The host knows each task's answer: record it on its traces (`metadata.reference_answer`, which the
     reference_answer reward reads), group them by task, and clear old scores so they are scored again.
-    Traces already annotated are left alone. Returns how many were updated."""
+    `tasks`: the tasks to know (default: the hand-written `TASKS`; `annotate(store, suite())` for the generated
+    suite of flowrl/demo/suite.py); a trace is a task's when its user turn is the task's query, as a task key
+    (`flowrl.facts.query_key`: case and trailing '?' ignored). Traces already annotated are left alone.
+    Returns how many were updated."""
+    by_key = {query_key(t.query): t for t in (TASKS if tasks is None else tasks)}
     n = 0
     for trace in store.iter_traces(**filters):
-        task = BY_QUERY.get(trace.user_query)
+        task = by_key.get(query_key(trace.user_query))
         if task is None or trace.metadata.get("reference_answer") == task.answer:
             continue
         trace.metadata["reference_answer"] = task.answer

@@ -32,7 +32,9 @@ def answer_matches(expected: str, answer: str) -> bool:
     norm_expected = re.sub(r"(?<=\d),(?=\d{3}\b)", "", expected.strip().lower())
     if not norm_expected:
         return False
-    pattern = r"(?<![\w.])" + re.escape(norm_expected) + r"(?![\w]|\.\d)"
+    # an integer reference also matches its ".0" spelling ("84.0"), never another number ("84.5", "841")
+    zeros = r"(?:\.0+)?" if re.fullmatch(r"-?\d+", norm_expected) else ""
+    pattern = r"(?<![\w.])" + re.escape(norm_expected) + zeros + r"(?![\w]|\.\d)"
     return re.search(pattern, norm_answer) is not None
 
 
