@@ -48,6 +48,11 @@ async def run_tasks(agent: Any, tasks: list[Any], grade: Grader, *, run: Runner 
     """Every task through `agent`, `concurrency` at a time; task_id -> graded outcome. A task whose run
     raises counts as a failure (and is logged): an agent that crashes did not answer."""
     gate = asyncio.Semaphore(max(1, concurrency))
+    # agents call their backends through asyncio.to_thread: the default pool (cores + 4 threads, shared with
+    # tool calls) would cap how many runs reach a batching backend at once
+    from concurrent.futures import ThreadPoolExecutor
+
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=max(4, 2 * concurrency)))
     outcomes: dict[str, bool] = {}
     done = 0
 
