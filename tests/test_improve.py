@@ -77,3 +77,17 @@ def test_a_round_with_nothing_right_stops_with_one_line(tmp_path: Path) -> None:
 def test_train_and_held_out_tasks_never_overlap(tmp_path: Path) -> None:
     with pytest.raises(ImproveError, match="both train and held-out"):
         improve(lambda p: ScriptedAgent(p), TRAIN, TRAIN[:2], grade, ImproveConfig(out=tmp_path))
+
+
+def test_flowrl_eval_runs_the_agent_loop_and_writes_a_verifiable_eval_json(tmp_path: Path, capsys: Any) -> None:
+    from flowrl.cli import main
+
+    model = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--agent", "example", "--model", str(model), "--eval-tasks", "3", "--json", str(out),
+                 "--concurrency", "3"]) == 0
+    data = json.loads(out.read_text())
+    assert verify(data) == [] and list(data["arms"]) == ["base"] and data["arms"]["base"]["n"] == 3
+    assert "base: n=3" in capsys.readouterr().out or "base" in out.read_text()
+    assert main(["eval", "--model", str(model)]) == 2
+    assert "--agent example" in capsys.readouterr().err

@@ -117,7 +117,11 @@ def _fmt(v: float | None) -> str:
 
 def eval_cmd(
     model: str = typer.Option(..., "--model", help="Trained output folder (adapter), merged model folder, Hub id or smollm2-135m."),
-    prompts: Path = typer.Option(..., "--prompts", help="A flowrl dataset folder (its validation split) or a JSONL of {prompt} rows."),
+    prompts: Path | None = typer.Option(None, "--prompts", help="Single-turn mode: a flowrl dataset folder (its validation split) or a JSONL of {prompt} rows."),
+    agent: str | None = typer.Option(None, "--agent", help="Agent-loop mode: `example` runs the example agent, tools and all, on held-out suite tasks."),
+    eval_tasks: int = typer.Option(150, "--eval-tasks", help="Agent-loop mode: held-out tasks per arm."),
+    json_out: Path | None = typer.Option(None, "--json", help="Agent-loop mode: write eval.json (outcomes, rates with intervals, McNemar) here."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Agent-loop mode: runs at a time."),
     baseline: str | None = typer.Option(None, "--baseline", help="Model to compare with (default: the base the model was trained from; `none` for no baseline)."),
     out: Path | None = typer.Option(None, "--out", help="Folder for eval_report.json and .png (default: the model folder, else ./eval)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
@@ -126,8 +130,14 @@ def eval_cmd(
     rewards: str | None = typer.Option(None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."),
     reward_config: Path | None = typer.Option(None, "--reward-config", help="The reward engine's TOML/YAML config."),
 ) -> None:
-    """Answer held-out prompts with a model and a baseline, score both with flowrl's rewards, compare."""
+    """Compare a model with its base: the agent loop on held-out tasks (--agent example: success rates with
+    intervals and a paired test), or single-turn answers to held-out prompts scored by the rewards (--prompts)."""
     _quiet_known_warnings()
+    if agent is not None:
+        _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency)
+        return
+    if prompts is None:
+        raise ConfigError("pass --agent example (the agent loop on held-out tasks) or --prompts DIR (single-turn answers)")
     from flowrl.evaluate.prompts import REPORT_JSON, REPORT_PNG, evaluate
 
     if out is None:
@@ -159,6 +169,39 @@ def eval_cmd(
     console.print(f"report: {out / REPORT_JSON}; plot: {out / REPORT_PNG} ({report.seconds:.0f} s)", highlight=False)
     if report.split == "train":
         err_console.print("note: the dataset has no validation split; these are training prompts", highlight=False)
+
+
+def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, json_out: Path | None,
+                concurrency: int) -> None:
+    from flowrl.evaluate.agent import run_arms
+    from flowrl.evaluate.results import format_table, summarize, write_eval_json
+    from flowrl.improve.example import ExampleAgents, example_grade, example_tasks
+    from flowrl.improve.loop import Policy
+    from flowrl.models import resolve_model
+
+    if agent != "example":
+        raise ConfigError(f"--agent {agent}: only `example` is built in; evaluate your own agent with "
+                          "flowrl.evaluate.agent.run_arms (docs/training.md)")
+    resolved = resolve_model(model)
+    base = resolve_model(baseline or resolved.path)
+    if base.adapter:
+        raise ConfigError(f"--baseline {baseline} is an adapter: pass the model it was trained from")
+    _, held_out = example_tasks(0, eval_tasks)
+    arms = {"base": Policy(base.path, None, 0.0, 0)}
+    if resolved.adapter or resolved.path != base.path:
+        arms["model"] = Policy(resolved.path, Path(resolved.adapter) if resolved.adapter else None, 0.0, 0)
+    outcomes: dict[str, dict[str, bool]] = {}
+    for name, policy in arms.items():
+        with ExampleAgents(policy.base_model) as agents:
+            got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade, concurrency=concurrency)
+        for task_id, arm in got.items():
+            outcomes.setdefault(task_id, {}).update(arm)
+    data = summarize(outcomes, base="base")
+    for line in format_table(data):
+        console.print(line, highlight=False, markup=False)
+    if json_out is not None:
+        write_eval_json(json_out, data)
+        console.print(f"eval: {json_out}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:
