@@ -17,6 +17,7 @@ from typing import Any
 
 from flowrl.errors import IngestError
 from flowrl.ingest.unpickler import V1Checkpoint, V2Checkpoint, load_restricted, loads_restricted
+from flowrl.transcript import content_text
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,8 @@ class ChatTurn:
 
 
 def text_of(content: Any) -> str:
-    """Message content as text (OpenAI list-of-parts content is joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text", "") if isinstance(p, dict) else str(p) for p in content]
-        return "".join(p for p in parts if isinstance(p, str))
-    return str(content)
+    """Message content as text (OpenAI list-of-parts content is joined): the transcript module's rule."""
+    return content_text(content)
 
 
 def iso(value: Any) -> str | None:
