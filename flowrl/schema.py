@@ -238,9 +238,21 @@ def upgrade(data: dict[str, Any], *, origin: str = "<dict>") -> dict[str, Any]:
 
 
 def load_trace(data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrace:
-    """Validate and upgrade a trace dict; SchemaError names `origin` and the first problem."""
+    """Validate and upgrade a trace dict; SchemaError names `origin` and the first problem.
+
+    A dict of version 2 (what capture writes) is validated once: the facts the last upgrade would compute
+    from a validated copy are computed from the trace itself."""
     _valid_input(data, origin)
     try:
+        if data.get("schema_version") == 2 and data.get("facts") is None and SCHEMA_VERSION == 3:
+            data = dict(data)
+            calls = data.get("tool_calls")
+            if isinstance(calls, list):
+                data["tool_calls"] = honest_tool_calls(calls)
+            data["schema_version"] = 3
+            trace = ExecutionTrace.model_validate(data)
+            trace.facts = trace_facts(trace)
+            return trace
         return ExecutionTrace.model_validate(upgrade(data, origin=origin))
     except ValidationError as exc:
         first = exc.errors()[0]

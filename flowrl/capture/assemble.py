@@ -244,8 +244,13 @@ def _tools_offered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def complete_trace(data: dict[str, Any]) -> dict[str, Any]:
     """Rebuild `messages` when the agent has no transcript of its own (after masking, from the masked
-    query, tool calls and answer: each value is masked once; `flowrl.transcript.complete_messages`)."""
-    return complete_messages(data)
+    query, tool calls and answer: each value is masked once; `flowrl.transcript.complete_messages`).
+
+    The dict is then what schema version 2 asks for (honest tool success, canonical messages), so loading it
+    runs only the later upgrades (the facts), not the transcript a second time."""
+    data = complete_messages(data)
+    data["schema_version"] = 2
+    return data
 
 
 def _reasoning_from_messages(b: _Builder, messages: list[dict[str, Any]]) -> None:
