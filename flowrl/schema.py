@@ -203,18 +203,16 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     """Tool `success` re-judged by the one rule (`flowrl.facts.tool_failed`: exec_code's
-    `"{'success': False, ...}"` text is a failure too), and `facts` filled (`flowrl.facts.trace_facts`).
-    A dict the schema would reject gets no facts here; validation reports it right after."""
+    `"{'success': False, ...}"` text is a failure too). `facts` is filled by `load_trace` from the validated
+    trace (`flowrl.facts.trace_facts`), so a file is validated once."""
     calls = data.get("tool_calls")
     if isinstance(calls, list):
         data["tool_calls"] = honest_tool_calls(calls)
     data["schema_version"] = 3
-    if data.get("facts") is None:
-        try:
-            data["facts"] = trace_facts(ExecutionTrace.model_validate(data)).model_dump(mode="json")
-        except ValidationError:
-            pass
     return data
+
+
+FACTS_VERSION = 3  # files older than this get their facts computed when they are loaded
 
 
 MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
@@ -238,26 +236,18 @@ def upgrade(data: dict[str, Any], *, origin: str = "<dict>") -> dict[str, Any]:
 
 
 def load_trace(data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrace:
-    """Validate and upgrade a trace dict; SchemaError names `origin` and the first problem.
-
-    A dict of version 2 (what capture writes) is validated once: the facts the last upgrade would compute
-    from a validated copy are computed from the trace itself."""
+    """Validate and upgrade a trace dict; SchemaError names `origin` and the first problem. A file older than
+    version 3 gets its `facts` from the trace once it is valid."""
     _valid_input(data, origin)
     try:
-        if data.get("schema_version") == 2 and data.get("facts") is None and SCHEMA_VERSION == 3:
-            data = dict(data)
-            calls = data.get("tool_calls")
-            if isinstance(calls, list):
-                data["tool_calls"] = honest_tool_calls(calls)
-            data["schema_version"] = 3
-            trace = ExecutionTrace.model_validate(data)
-            trace.facts = trace_facts(trace)
-            return trace
-        return ExecutionTrace.model_validate(upgrade(data, origin=origin))
+        trace = ExecutionTrace.model_validate(upgrade(data, origin=origin))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise SchemaError(f"{origin}: field {where or '?'}: {first.get('msg')}") from exc
+    if trace.facts is None and data.get("schema_version", 0) < FACTS_VERSION:
+        trace.facts = trace_facts(trace)
+    return trace
 
 
 def trace_json_schema() -> dict[str, Any]:

@@ -42,7 +42,8 @@ SYNTHESIZED = "synthesized"
 _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
+def field_of(obj: Any, name: str, default: Any = None) -> Any:
+    """A key of a mapping or an attribute of an object (SDK messages and their dict forms read alike)."""
     if isinstance(obj, Mapping):
         return obj.get(name, default)
     return getattr(obj, name, default)
@@ -101,10 +102,10 @@ def arguments_json(value: Any) -> str:
 
 def tool_call_parts(call: Any) -> tuple[str, Any, str | None]:
     """(name, raw arguments, id) of a tool call in any shape: nested OpenAI, flat, or an object."""
-    fn = _get(call, "function")
+    fn = field_of(call, "function")
     source = fn if fn is not None and not isinstance(fn, str) else call
-    call_id = _get(call, "id")
-    return str(_get(source, "name", "") or ""), _get(source, "arguments"), (None if call_id is None else str(call_id))
+    call_id = field_of(call, "id")
+    return str(field_of(source, "name", "") or ""), field_of(source, "arguments"), (None if call_id is None else str(call_id))
 
 
 def synthetic_call_id(n: int) -> str:
@@ -115,7 +116,7 @@ def synthetic_call_id(n: int) -> str:
 def openai_tool_call(call: Any, n: int | None = None, arguments_as: ArgumentsAs = "string") -> dict[str, Any]:
     """A tool call in the nested OpenAI shape. Without an id it gets `synthetic_call_id(n)` (none when
     `n` is None); arguments are JSON text, or with `arguments_as="dict"` a dict when they are a JSON object."""
-    if not isinstance(call, Mapping) and _get(call, "function") is None and _get(call, "name") is None:
+    if not isinstance(call, Mapping) and field_of(call, "function") is None and field_of(call, "name") is None:
         call = {"name": str(call)}
     name, raw, call_id = tool_call_parts(call)
     if arguments_as == "dict":
@@ -218,12 +219,12 @@ def synthesize_messages(query: Any, calls: Iterable[Any], final: Any) -> list[di
     messages: list[dict[str, Any]] = [{"role": "user", "content": content_text(query)}]
     n = 0
     for n, call in enumerate(calls, 1):
-        name = str(_get(call, "tool_name") or "")
-        call_id = _get(call, "call_id") or synthetic_call_id(n)
+        name = str(field_of(call, "tool_name") or "")
+        call_id = field_of(call, "call_id") or synthetic_call_id(n)
         messages.append({"role": "assistant", "content": None, "tool_calls": [
-            openai_tool_call({"id": call_id, "name": name, "arguments": _get(call, "arguments")})]})
+            openai_tool_call({"id": call_id, "name": name, "arguments": field_of(call, "arguments")})]})
         messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                         "content": content_text(_get(call, "result"))})
+                         "content": content_text(field_of(call, "result"))})
     final_text = content_text(final)
     if final_text or n == 0:
         messages.append({"role": "assistant", "content": final_text})

@@ -27,6 +27,7 @@ from flowrl.facts import reported_success, tool_failed
 from flowrl.transcript import (
     canonical_messages,
     complete_messages,
+    field_of,
     final_answer_args,
     parse_arguments,
     tool_call_parts,
@@ -37,12 +38,6 @@ ERROR_TEXT_CHARS = 500
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts).isoformat()
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
 
 
 def _text(value: Any) -> str:
@@ -190,13 +185,13 @@ def _llm_output(out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
         return None, None
     if isinstance(out, str):
         return out, None
-    content = _get(out, "content")
-    raw_calls = _get(out, "tool_calls")
+    content = field_of(out, "content")
+    raw_calls = field_of(out, "tool_calls")
     if content is None and raw_calls is None:  # a whole response: OpenAI-style choices, Ollama's message
-        choices = _get(out, "choices")
-        inner = _get(choices[0], "message") if isinstance(choices, (list, tuple)) and choices else _get(out, "message")
+        choices = field_of(out, "choices")
+        inner = field_of(choices[0], "message") if isinstance(choices, (list, tuple)) and choices else field_of(out, "message")
         if inner is not None and not isinstance(inner, str):
-            content, raw_calls = _get(inner, "content"), _get(inner, "tool_calls")
+            content, raw_calls = field_of(inner, "content"), field_of(inner, "tool_calls")
             if content is None and raw_calls is None:
                 return None, None
     if content is None and raw_calls is None:
@@ -236,7 +231,7 @@ def _tools_offered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tools = ev.get("kw", {}).get("tools") if ev.get("k") == "llm" else None
         for tool in tools or ():
             if isinstance(tool, dict):
-                name = _get(tool.get("function") or {}, "name") or tool.get("name")
+                name = field_of(tool.get("function") or {}, "name") or tool.get("name")
                 if name and name not in seen:
                     seen[name] = tool
     return list(seen.values())
@@ -289,7 +284,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     chunks = {c.get("type"): c for _, c in rec.chunks if c.get("type") in ("final_answer", "done", "error")}
     final = rec.result
     if final is None and rec.method != "a_run":
-        final = _get(chunks.get("done"), "final_answer") or _get(chunks.get("final_answer"), "answer")
+        final = field_of(chunks.get("done"), "final_answer") or field_of(chunks.get("final_answer"), "answer")
     final_text = _text(final)
 
     messages: list[dict[str, Any]] | None = None  # None: rebuilt by complete_trace() once masked
@@ -300,7 +295,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     fa = (final_answer_args(messages) if messages is not None else None) or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) \
         or b.final_args or {}
     fa_success = fa.get("success") if isinstance(fa.get("success"), bool) else None
-    done_success = _get(chunks.get("done"), "success")
+    done_success = field_of(chunks.get("done"), "success")
 
     status = rec.status
     success = False if rec.exc is not None else reported_success(

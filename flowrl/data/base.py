@@ -55,11 +55,6 @@ class DatasetFilter:
         return out
 
 
-def is_manual(trace: ExecutionTrace) -> bool:
-    """A label a person gave (`flowrl.facts.is_manual_label`)."""
-    return is_manual_label(trace)
-
-
 def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tuple[bool | None, str]:
     """(label, where it came from): the one label rule, `flowrl.facts.label_at`. A manual label always wins;
     then the reward score at `threshold` when one is given; then the engine's stored label; then the reward
@@ -174,7 +169,7 @@ class DatasetBuilder:
         """The summary kept for a trace, or None to leave it out (after counting why)."""
         label, _ = effective_label(trace)
         return TraceInfo(ref=ref, trace_id=trace.trace_id, group_id=group_id, reward=trace.reward_score,
-                         label=label, manual=is_manual(trace), timestamp=trace.timestamp)
+                         label=label, manual=is_manual_label(trace), timestamp=trace.timestamp)
 
     def prepare(self, infos: list[TraceInfo], stats: BuildStats) -> None:
         """Called once with every kept trace's summary, before `group_rows` (SFT's global top share)."""

@@ -33,6 +33,7 @@ from flowrl.data.tokens import (
     merge_calls,
     same_tokenizer,
 )
+from flowrl.rewards.base import completion_text
 
 OTHER_TOKENIZER = "captured ids of another tokenizer: rendered with the chat template"
 NOT_MERGED = "captured calls do not merge into one sequence: rendered with the chat template"
@@ -117,7 +118,7 @@ def dpo_parts(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -
                 return chosen.prompt_ids, chosen.completion_ids, rejected.completion_ids, CAPTURED
             stats.render.note("chosen and rejected prompts differ", PROMPTS_DIFFER)
     p, c, _ = renderer.prompt_completion(row["prompt"], row["chosen"], row.get("tools"))
-    p2, r, _ = renderer.prompt_completion(row["prompt"], row["rejected"], row.get("tools"))
+    _, r, _ = renderer.prompt_completion(row["prompt"], row["rejected"], row.get("tools"))
     return p, c, r, "template"
 
 
@@ -145,10 +146,6 @@ def trajectory_parts(prompt: list[dict[str, Any]], completion: list[dict[str, An
     return p, c, m, None, "template"
 
 
-def completion_text(completion: Any) -> str:
-    if isinstance(completion, list):
-        return "\n".join(str(m.get("content") or "") for m in completion if isinstance(m, dict) and m.get("role") == "assistant")
-    return str(completion)
 
 
 def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:

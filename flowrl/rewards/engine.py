@@ -48,7 +48,6 @@ from typing import Any
 from flowrl.errors import ConfigError
 from flowrl.rewards.base import Reward, RewardResult, score_safely
 from flowrl.rewards.config import (
-    CORRECTNESS,
     DEFAULT_THRESHOLD,
     EngineConfig,
     default_config,
@@ -61,14 +60,6 @@ from flowrl.schema import ExecutionTrace
 log = logging.getLogger(__name__)
 
 Results = dict[str, RewardResult]
-GATES = CORRECTNESS  # at 0, the run failed its task: never labelled good
-
-
-def _value(r: Any) -> float | None:
-    value = r.value if isinstance(r, RewardResult) else r
-    return None if value is None else float(value)
-
-
 def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float]]:
     """Instantiate the enabled rewards of a config, with their weights."""
     rewards: dict[str, Reward] = {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import ConfigError, require
+from flowrl.errors import ConfigError
 
 
 @dataclass
@@ -46,20 +46,17 @@ def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, s
              method: str | None = None) -> ShownRow:
     """Encode row `row` of `split` of the dataset at `path` with `base_model`'s tokenizer."""
     from flowrl.data.encode import EncodeStats, row_sequences
-    from flowrl.data.tokens import ChatRenderer
-    from flowrl.models import resolve_model
+    from flowrl.methods import canonical_method
 
     path = Path(path).expanduser()
     dataset, meta = _split(path, split)
-    method = (method or str(meta.get("method") or "")).lower().replace("_", "-")
+    method = canonical_method(method or str(meta.get("method") or ""))
     if not method:
         raise ConfigError(f"dataset {path} does not say its method (no flowrl_dataset.json): pass --method")
     if not 0 <= row < len(dataset):
         raise ConfigError(f"--row {row}: the {split} split of {path} has rows 0 to {len(dataset) - 1}")
-    resolved = resolve_model(base_model)
-    transformers = require("transformers")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolved.path)
-    renderer = ChatRenderer(tokenizer, model=resolved.spec)
+    renderer = _renderer(base_model)
+    tokenizer = renderer.tokenizer
     stats = EncodeStats(render=renderer.stats)
     sequences = row_sequences(method, dataset[row], renderer, stats)
     shown = []
@@ -73,12 +70,15 @@ def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, s
 def token_budget(method: str, base_model: str, max_length: int) -> Any:
     """A `TokenBudget` for `build-dataset --base-model M --max-length N`."""
     from flowrl.data.encode import TokenBudget
-    from flowrl.data.tokens import ChatRenderer
-    from flowrl.models import resolve_model
 
     if max_length < 8:
         raise ConfigError(f"--max-length {max_length}: use at least 8 tokens")
+    return TokenBudget(method, _renderer(base_model), max_length)
+
+
+def _renderer(base_model: str | None) -> Any:
+    from flowrl.models import resolve_model
+    from flowrl.train.trainers import chat_renderer
+
     resolved = resolve_model(base_model)
-    transformers = require("transformers")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(resolved.path)
-    return TokenBudget(method, ChatRenderer(tokenizer, model=resolved.spec), max_length)
+    return chat_renderer(resolved.path, label=resolved.spec)

@@ -190,11 +190,12 @@ def _datasets() -> Any:
     return require("datasets")
 
 
-def _renderer(model_path: str) -> Any:
+def chat_renderer(model_path: str, label: str | None = None) -> Any:
+    """A `flowrl.data.tokens.ChatRenderer` of the tokenizer in `model_path` (named `label` in its messages)."""
     from flowrl.data.tokens import ChatRenderer
 
     transformers = require("transformers")
-    return ChatRenderer(transformers.AutoTokenizer.from_pretrained(model_path), model=model_path)
+    return ChatRenderer(transformers.AutoTokenizer.from_pretrained(model_path), model=label or model_path)
 
 
 def _completion_length(config: TrainingConfig, settings: RunSettings, needed: int) -> RunSettings:
@@ -203,6 +204,15 @@ def _completion_length(config: TrainingConfig, settings: RunSettings, needed: in
         raise ConfigError(f"--max-completion-length {config.max_completion_length} would cut logged trajectories: "
                           f"the longest is {needed} tokens; pass --max-completion-length {needed} or more")
     return dataclasses.replace(settings, max_completion_length=max(needed, config.max_completion_length or 0))
+
+
+def _kto_args(config: TrainingConfig, settings: RunSettings, output_dir: Path, data: LoadedData,
+              info: dict[str, Any]) -> Any:
+    """KTOConfig with the class-balance weights: the config's, else the ones the dataset was built with."""
+    dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
+    uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
+    info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
+    return trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
 
 
 def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path: str, data: LoadedData,
@@ -233,7 +243,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         kwargs["reward_funcs"] = funcs
     elif encoding == "grpo-offline":
         groups = OfflineGroups(train.to_list(), settings.num_generations)
-        renderer = _renderer(model_path)
+        renderer = chat_renderer(model_path)
         groups.encode(renderer)
         info["offline_groups"] = groups.stats.to_dict()
         info["encoding"] = groups.encode_stats.to_dict()
@@ -252,7 +262,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         from flowrl.data.encode import encode_for_trl
         from flowrl.train.pretokenized import pretokenized_trainer
 
-        rows, stats = encode_for_trl(encoding, train.to_list(), _renderer(model_path), max_length=settings.max_length)
+        rows, stats = encode_for_trl(encoding, train.to_list(), chat_renderer(model_path), max_length=settings.max_length)
         info["encoding"] = stats.to_dict()
         if not rows:
             raise ConfigError(f"no row of {data.source} fits max_length={settings.max_length} tokens "
@@ -261,10 +271,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
             rows = [{"input_ids": r["input_ids"], "assistant_masks": [1] * len(r["input_ids"])} for r in rows]
         train = _datasets().Dataset.from_list(rows)
         if encoding == "kto":
-            dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
-            uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
-            info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
-            args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
+            args = _kto_args(config, settings, output_dir, data, info)
         else:
             args = trl_config(config, settings, output_dir)  # SFT: loss from the rows' assistant_masks
         if encoding == "sft":
@@ -272,10 +279,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         if encoding in ("kto", "dpo"):
             trainer_cls = pretokenized_trainer(encoding, trainer_cls)
     elif encoding == "kto":  # plain-text rows: TRL tokenizes them
-        dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
-        uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
-        info.update(desirable_weight=dw or 1.0, undesirable_weight=uw or 1.0)
-        args = trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
+        args = _kto_args(config, settings, output_dir, data, info)
     else:  # plain-text SFT or DPO rows: TRL tokenizes them
         args = trl_config(config, settings, output_dir)
     given = len(train)
