@@ -12,13 +12,18 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[train,dev]'
+	@echo "building llama-cpp-python (llama.cpp from source, about 7 minutes the first time)..."
+	@$(BIN)/python -m pip install -q -e '.[llama]' >$(VENV)/llama-build.log 2>&1 \
+	  || echo "warning: llama-cpp-python did not build (see $(VENV)/llama-build.log; it needs a C compiler: apt-get install build-essential). The example agent will generate with transformers, 4-6x slower, and the llama.cpp tests skip"
 	touch $(STAMP)
 
 # From Debian's packages when we are root: bubblewrap isolates the code sandbox; chromium lets the
-# report test look at the page in a real browser (that test skips without it).
+# report test look at the page in a real browser (that test skips without it); a C compiler builds
+# llama-cpp-python (setup runs after this in `make test` and `make demo`).
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing=" bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v cc >/dev/null 2>&1 || missing="$$missing build-essential"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
@@ -26,7 +31,7 @@ system-deps:
 	  else echo "warning: missing$$missing: apt-get install$$missing (without bubblewrap the sandbox is weaker)"; fi; \
 	fi
 
-test: setup system-deps
+test: system-deps setup
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
@@ -35,10 +40,10 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check flowrl tests bench
 
-demo: setup system-deps
+demo: system-deps setup
 	$(BIN)/flowrl demo
 
-bench: setup system-deps
+bench: system-deps setup
 	$(BIN)/python bench/run_all.py
 
 clean:

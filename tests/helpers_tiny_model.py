@@ -14,7 +14,8 @@ For tests that must run a real TRL trainer step on CPU in about a second:
   markers, so SFT's `assistant_only_loss=True` and GRPO's tool masking work with it as is.
 - The model is a `LlamaForCausalLM` with `hidden_size=32`, 2 layers, 4 heads: about 30k parameters.
 
-`save_tiny_model(path)` writes both to a folder, for code that loads a model by path.
+`save_tiny_model(path)` writes both to a folder, for code that loads a model by path; `save_lively_tiny_model`
+writes one whose greedy replies depend on the prompt and end at different lengths (for generation backends).
 Only transformers and tokenizers are needed (no torch import happens at module import time).
 """
 
@@ -108,6 +109,29 @@ def save_tiny_model(path: str | Path, **kwargs: Any) -> Path:
     """Write a tiny model and its tokenizer to `path` (loadable with `from_pretrained(path)`)."""
     path = Path(path)
     model, tokenizer = tiny_model_and_tokenizer(**kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_lively_tiny_model(path: str | Path, prompt: list[dict[str, Any]]) -> Path:
+    """The tiny model with livelier weights (std 0.2, from a fixed seed, so greedy replies depend on the prompt
+    instead of repeating one token) and an end-of-turn token made to compete with the favourite token after
+    `prompt` (its embedding row is that token's plus noise), so replies end at different steps."""
+    import torch
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    draw = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=draw) * 0.2)
+        embeddings = model.get_input_embeddings().weight
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        favourite = int(model(ids).logits[0].mean(0).argmax())
+        embeddings[tokenizer.eos_token_id] = embeddings[favourite] + torch.randn(32, generator=draw) * 0.05
+    path = Path(path)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

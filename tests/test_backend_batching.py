@@ -1,9 +1,7 @@
 """TransformersBackend batches concurrent `complete` calls; every caller still gets what a lone call gives.
 
-The model is the tiny random Llama of `helpers_tiny_model` with livelier weights (std 0.2, so greedy replies
-depend on the prompt instead of repeating one token) and an end-of-turn token made to compete with a
-favourite token (its embedding row is that token's plus noise), so replies end at different steps and the
-batch loses rows as it decodes. The weights come from a fixed seed. Batched greedy replies must equal lone
+The model is `helpers_tiny_model.save_lively_tiny_model`: greedy replies depend on the prompt and end at
+different steps, so the batch loses rows as it decodes. The weights come from a fixed seed. Batched greedy replies must equal lone
 ones id for id; logprobs are compared within 1e-4, since left padding changes the shapes of the fp32 matrix
 products (observed differences: about 1e-6). Sampled replies are compared only where the submission order
 is fixed, since each call's sampler is seeded by its submission number.
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_tiny_model import tiny_model_and_tokenizer
+from helpers_tiny_model import save_lively_tiny_model
 
 from flowrl.demo.agent import Completion
 from flowrl.demo.backend import TransformersBackend
@@ -30,23 +28,7 @@ PROMPTS = [[{"role": "user", "content": f"What is {i} times {i * 3}?" + " please
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-
-    model, tokenizer = tiny_model_and_tokenizer()
-    draw = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.copy_(torch.randn(param.shape, generator=draw) * 0.2)
-        embeddings = model.get_input_embeddings().weight
-        ids = tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
-        favourite = int(model(ids).logits[0].mean(0).argmax())
-        embeddings[tokenizer.eos_token_id] = embeddings[favourite] + torch.randn(32, generator=draw) * 0.05
-    path = tmp_path_factory.mktemp("lively_tiny")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_lively_tiny_model(tmp_path_factory.mktemp("lively_tiny"), PROMPTS[0])
 
 
 class _Spy:

@@ -47,7 +47,8 @@ def improve_cmd(
     epochs: float = typer.Option(2.0, "--epochs", help="Training epochs over the round's set."),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Training steps per round (instead of epochs)."),
     learning_rate: float | None = typer.Option(None, "--learning-rate", help="LoRA learning rate (default: the method's)."),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Agent runs at a time (batched generation)."),
+    concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="Agent runs at a time (default: 1 on llama.cpp, 8 on transformers, which batches them)."),
+    engine: str = typer.Option("auto", "--engine", help="Generation: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the task split, sampling and training."),
 ) -> None:
     """Make the example agent better, round by round, and prove it on held-out tasks (eval.json per round)."""
@@ -55,14 +56,15 @@ def improve_cmd(
     from flowrl.improve.loop import ImproveConfig, improve
     from flowrl.models import resolve_model
 
-    cfg = ImproveConfig(out=out, rounds=rounds, samples=samples, method=method, base_model=base_model,  # type: ignore[arg-type]
-                        control=control, temperature=temperature, eval_temperature=eval_temperature,  # type: ignore[arg-type]
-                        concurrency=concurrency, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
-                        seed=seed)
     model = resolve_model(base_model)
     train, held_out = example_tasks(train_tasks, eval_tasks, seed=seed)
     progress, on_progress, on_stage = _progress_ui()
-    with progress, ExampleAgents(model.path) as agents:
+    with progress, ExampleAgents(model.path, engine=engine) as agents:
+        cfg = ImproveConfig(out=out, rounds=rounds, samples=samples, method=method, base_model=base_model,  # type: ignore[arg-type]
+                            control=control, temperature=temperature, eval_temperature=eval_temperature,  # type: ignore[arg-type]
+                            concurrency=concurrency or agents.concurrency, epochs=epochs, max_steps=max_steps,
+                            learning_rate=learning_rate, seed=seed)
+        on_stage("engine", f"{agents.engine}, {cfg.concurrency} runs at a time")
         results = improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage, on_progress=on_progress)
     last = results[-1]
     arm = last.arms.get(f"round-{last.round}", {})

@@ -121,7 +121,8 @@ def eval_cmd(
     agent: str | None = typer.Option(None, "--agent", help="Agent-loop mode: `example` runs the example agent, tools and all, on held-out suite tasks."),
     eval_tasks: int = typer.Option(150, "--eval-tasks", help="Agent-loop mode: held-out tasks per arm."),
     json_out: Path | None = typer.Option(None, "--json", help="Agent-loop mode: write eval.json (outcomes, rates with intervals, McNemar) here."),
-    concurrency: int = typer.Option(8, "--concurrency", help="Agent-loop mode: runs at a time."),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="Agent-loop mode: runs at a time (default: 1 on llama.cpp, 8 on transformers)."),
+    engine: str = typer.Option("auto", "--engine", help="Agent-loop mode: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Model to compare with (default: the base the model was trained from; `none` for no baseline)."),
     out: Path | None = typer.Option(None, "--out", help="Folder for eval_report.json and .png (default: the model folder, else ./eval)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
@@ -134,7 +135,7 @@ def eval_cmd(
     intervals and a paired test), or single-turn answers to held-out prompts scored by the rewards (--prompts)."""
     _quiet_known_warnings()
     if agent is not None:
-        _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency)
+        _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency, engine)
         return
     if prompts is None:
         raise ConfigError("pass --agent example (the agent loop on held-out tasks) or --prompts DIR (single-turn answers)")
@@ -172,7 +173,7 @@ def eval_cmd(
 
 
 def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, json_out: Path | None,
-                concurrency: int) -> None:
+                concurrency: int | None, engine: str) -> None:
     from flowrl.evaluate.agent import run_arms
     from flowrl.evaluate.results import format_table, summarize, write_eval_json
     from flowrl.improve.example import ExampleAgents, example_grade, example_tasks
@@ -192,8 +193,9 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
         arms["model"] = Policy(resolved.path, Path(resolved.adapter) if resolved.adapter else None, 0.0, 0)
     outcomes: dict[str, dict[str, bool]] = {}
     for name, policy in arms.items():
-        with ExampleAgents(policy.base_model) as agents:
-            got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade, concurrency=concurrency)
+        with ExampleAgents(policy.base_model, engine=engine) as agents:
+            got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade,
+                           concurrency=concurrency or agents.concurrency)
         for task_id, arm in got.items():
             outcomes.setdefault(task_id, {}).update(arm)
     data = summarize(outcomes, base="base")

@@ -112,61 +112,45 @@ def _each_layer(cache: Any, change: Callable[[Any], Any]) -> None:
         layer.keys, layer.values = change(layer.keys), change(layer.values)
 
 
-class TransformersBackend:
-    """Generates replies with a local causal LM; `adapter` may be a PEFT adapter dir on top of it.
-
-    Safe to call from many threads: concurrent `complete` calls are decoded together, at most `batch_size`
-    rows at a time (see the module docstring). Sampling: softmax(logits / temperature) cut to the `top_k` most
-    likely tokens, then to the smallest set holding `top_p` of the mass (as transformers' `generate` does);
-    greedy when temperature is 0. The pad token is never picked, unless it also ends a turn."""
+class TokensInBackend:
+    """What every local backend shares: the chat template rendered with the model's own tokenizer, earlier
+    sampled replies put back as their sampled ids (`reuse_sampled`), and the `Completion` a call returns.
+    A subclass implements `_generate(prompt ids) -> (sampled ids, logprobs)`."""
 
     def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, max_new_tokens: int = 96,
-                 temperature: float = 0.8, seed: int = 0, batch_size: int = 8, max_wait_ms: float = 20,
-                 top_p: float = 0.95, top_k: int = 50) -> None:
-        if batch_size < 1 or max_new_tokens < 1 or max_wait_ms < 0:
-            raise ConfigError(f"TransformersBackend needs batch_size >= 1, max_new_tokens >= 1 and max_wait_ms >= 0 "
-                              f"(got {batch_size}, {max_new_tokens}, {max_wait_ms})")
-        torch = require("torch")
+                 temperature: float = 0.8, seed: int = 0, top_p: float = 0.95, top_k: int = 50) -> None:
+        if max_new_tokens < 1:
+            raise ConfigError(f"{type(self).__name__} needs max_new_tokens >= 1 (got {max_new_tokens})")
         transformers = require("transformers")
+        self.model_dir = Path(model_dir)
         self.model_name = str(adapter or model_dir)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        if adapter is not None:
-            peft = require("peft")
-            model = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-        self.model = model.eval()
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p, self.top_k = top_p, top_k
         self.seed = seed
-        self.batch_size = batch_size
-        self.max_wait_ms = max_wait_ms
         # (prompt ids, sampled ids) of earlier calls, read by every caller's `reuse_sampled`
         self._sampled: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque(maxlen=256)
         self._sampled_lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer may fail when two threads use it at once
-        self._cond = threading.Condition()  # guards the queue, the worker and the submission count
-        self._queue: deque[_Request] = deque()
-        self._worker: threading.Thread | None = None
-        self._submitted = 0
         eos = self.tokenizer.eos_token_id
         self._end_ids = {int(eos)} if eos is not None else set()
-        stop = self.model.generation_config.eos_token_id
-        self._stop_ids = self._end_ids | {int(i) for i in (stop if isinstance(stop, list) else [stop]) if i is not None}
+        self._stop_ids = set(self._end_ids)
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else eos if eos is not None else 0)
-        # filler, never sampled: a reply holding it could not be told from padding (unless it also ends a turn)
-        self._unsampled = self._pad_id if self._pad_id not in self._stop_ids else None
-        forward = inspect.signature(self.model.forward).parameters
-        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        self._also_stop_at(None)
         from flowrl.data.tokens import fingerprint
 
         self.fingerprint = fingerprint(self.tokenizer)
 
-    def complete(self, messages: list[dict[str, Any]]) -> Completion:
-        """The reply, with the prompt ids the model was given, the ids it sampled (end-of-turn token included)
-        and each sampled token's log-probability under softmax(logits / temperature) (temperature 1 when
-        greedy): the quantity TRL's GRPO computes for the same tokens, so the two can be compared."""
+    def _also_stop_at(self, ids: Any) -> None:
+        """Stop ids beyond the tokenizer's end of turn (a generation config's `eos_token_id`, int or list)."""
+        self._stop_ids |= {int(i) for i in (ids if isinstance(ids, list) else [ids]) if i is not None}
+        # filler, never sampled: a reply holding it could not be told from padding (unless it also ends a turn)
+        self._unsampled = self._pad_id if self._pad_id not in self._stop_ids else None
+
+    def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids for `messages`: the chat template's rendering, earlier replies as their sampled ids."""
         clean = [{"role": m["role"], "content": _content(m)} for m in messages]
         with self._tokenizer_lock:
             rendered = self.tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=True,
@@ -174,19 +158,30 @@ class TransformersBackend:
         prompt = self.reuse_sampled([int(i) for i in rendered["input_ids"]])
         if not prompt:
             raise ValueError("the chat template rendered an empty prompt: pass at least one message")
-        with self._cond:
-            request = _Request(prompt, self._submitted)
-            self._submitted += 1
-            self._queue.append(request)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="flowrl-generate", daemon=True)
-                self._worker.start()
-            self._cond.notify_all()
-        request.done.wait()
-        if request.error is not None:
-            raise request.error
-        assert request.result is not None
-        return request.result
+        return prompt
+
+    def complete(self, messages: list[dict[str, Any]]) -> Completion:
+        """The reply, with the prompt ids the model was given, the ids it sampled (end-of-turn token included)
+        and each sampled token's log-probability under softmax(logits / temperature) (temperature 1 when
+        greedy): the quantity TRL's GRPO computes for the same tokens, so the two can be compared."""
+        prompt = self.render(messages)
+        tokens, logprobs = self._generate(prompt)
+        return self._completion(prompt, tokens, logprobs)
+
+    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        raise NotImplementedError
+
+    def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> Completion:
+        with self._tokenizer_lock:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        completion = Completion(
+            text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens),
+            prompt_token_ids=list(prompt), token_ids=list(tokens),
+            logprobs=[round(v, 6) for v in logprobs], tokenizer=self.fingerprint,
+        )
+        with self._sampled_lock:  # before the caller hears back, so its next turn finds this reply
+            self._sampled.append((tuple(prompt), tuple(tokens)))
+        return completion
 
     def reuse_sampled(self, ids: list[int]) -> list[int]:
         """`ids` with every earlier reply the backend sampled in this conversation put back as its sampled ids."""
@@ -218,6 +213,56 @@ class TransformersBackend:
             texts = ["".join(self.tokenizer.decode(c, skip_special_tokens=True).split()) for c in distinct]
         scores = [difflib.SequenceMatcher(None, target, text, autojunk=False).ratio() for text in texts]
         return distinct[scores.index(max(scores))]
+
+
+class TransformersBackend(TokensInBackend):
+    """Generates replies with a local causal LM; `adapter` may be a PEFT adapter dir on top of it.
+
+    Safe to call from many threads: concurrent `complete` calls are decoded together, at most `batch_size`
+    rows at a time (see the module docstring). Sampling: softmax(logits / temperature) cut to the `top_k` most
+    likely tokens, then to the smallest set holding `top_p` of the mass (as transformers' `generate` does);
+    greedy when temperature is 0. The pad token is never picked, unless it also ends a turn."""
+
+    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, max_new_tokens: int = 96,
+                 temperature: float = 0.8, seed: int = 0, batch_size: int = 8, max_wait_ms: float = 20,
+                 top_p: float = 0.95, top_k: int = 50) -> None:
+        if batch_size < 1 or max_new_tokens < 1 or max_wait_ms < 0:
+            raise ConfigError(f"TransformersBackend needs batch_size >= 1, max_new_tokens >= 1 and max_wait_ms >= 0 "
+                              f"(got {batch_size}, {max_new_tokens}, {max_wait_ms})")
+        super().__init__(model_dir, adapter=adapter, max_new_tokens=max_new_tokens, temperature=temperature,
+                         seed=seed, top_p=top_p, top_k=top_k)
+        torch = require("torch")
+        transformers = require("transformers")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        if adapter is not None:
+            peft = require("peft")
+            model = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        self.model = model.eval()
+        self.batch_size = batch_size
+        self.max_wait_ms = max_wait_ms
+        self._cond = threading.Condition()  # guards the queue, the worker and the submission count
+        self._queue: deque[_Request] = deque()
+        self._worker: threading.Thread | None = None
+        self._submitted = 0
+        self._also_stop_at(self.model.generation_config.eos_token_id)
+        forward = inspect.signature(self.model.forward).parameters
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+
+    def complete(self, messages: list[dict[str, Any]]) -> Completion:
+        prompt = self.render(messages)
+        with self._cond:
+            request = _Request(prompt, self._submitted)
+            self._submitted += 1
+            self._queue.append(request)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="flowrl-generate", daemon=True)
+                self._worker.start()
+            self._cond.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
 
     # -- the generation thread --------------------------------------------------------------------------------
 
@@ -352,21 +397,12 @@ class TransformersBackend:
         return picked, torch.log_softmax(scaled, dim=-1).gather(-1, picked[:, None]).squeeze(-1)
 
     def _finish(self, row: _Row) -> None:
-        request = row.request
         try:
-            with self._tokenizer_lock:
-                text = self.tokenizer.decode(row.tokens, skip_special_tokens=True).strip()
+            completion = self._completion(row.request.prompt, row.tokens, row.logprobs)
         except Exception as exc:
-            self._deliver(request, error=exc)
+            self._deliver(row.request, error=exc)
             return
-        completion = Completion(
-            text=text, prompt_tokens=len(request.prompt), completion_tokens=len(row.tokens),
-            prompt_token_ids=list(request.prompt), token_ids=list(row.tokens),
-            logprobs=[round(v, 6) for v in row.logprobs], tokenizer=self.fingerprint,
-        )
-        with self._sampled_lock:  # before the caller hears back, so its next turn finds this reply
-            self._sampled.append((tuple(request.prompt), tuple(row.tokens)))
-        self._deliver(request, result=completion)
+        self._deliver(row.request, result=completion)
 
     @staticmethod
     def _deliver(request: _Request, *, result: Completion | None = None, error: BaseException | None = None) -> None:

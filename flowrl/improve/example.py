@@ -3,20 +3,48 @@
 `ExampleAgents(model_dir)` is a context manager; called with a `Policy` it returns an `ExampleAgent` whose
 local backend runs the base model with the policy's adapter (merged in) at the policy's temperature. Backends
 are cached per (adapter, temperature), and the code sandbox is shared by every agent it makes.
+
+`engine` picks the backend: `llama.cpp` (`LlamaCppBackend`: a GGUF of the policy, 4-6x faster on a CPU, one
+call at a time), `transformers` (`TransformersBackend`: batches concurrent calls), or `auto`: llama.cpp when
+llama-cpp-python is installed, else transformers, said once in the log either way.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
+from flowrl.errors import ConfigError
 from flowrl.improve.loop import Policy
+
+log = logging.getLogger(__name__)
+ENGINES = ("auto", "llama.cpp", "transformers")
+
+
+def pick_engine(engine: str) -> str:
+    """`engine`, with `auto` made concrete (and the choice logged)."""
+    from flowrl.demo.llama_backend import INSTALL_HINT, llama_cpp_available
+
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
+    if engine == "llama.cpp" and not llama_cpp_available():
+        raise ConfigError(f"--engine llama.cpp needs llama-cpp-python: {INSTALL_HINT}")
+    if engine != "auto":
+        return engine
+    if llama_cpp_available():
+        log.info("generating with llama.cpp (llama-cpp-python is installed)")
+        return "llama.cpp"
+    log.warning("generating with transformers, 4-6x slower on a CPU than llama.cpp: %s", INSTALL_HINT)
+    return "transformers"
 
 
 class ExampleAgents:
-    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8) -> None:
+    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8,
+                 engine: str = "auto") -> None:
         self.model_dir = Path(model_dir)
+        self.engine = pick_engine(engine)
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self._sandbox: Any = None
@@ -33,17 +61,29 @@ class ExampleAgents:
             self._sandbox.__exit__(*exc)
         self._backends.clear()
 
-    def backend(self, policy: Policy) -> Any:
-        from flowrl.demo.backend import TransformersBackend
+    @property
+    def concurrency(self) -> int:
+        """Agent runs worth running at once: llama.cpp decodes one call at a time, and one run at a time keeps
+        the whole conversation in its KV cache (2 runs: 40 against 49 new tokens/s); transformers batches up to
+        `batch_size` calls."""
+        return 1 if self.engine == "llama.cpp" else self.batch_size
 
+    def backend(self, policy: Policy) -> Any:
         key = (str(policy.adapter) if policy.adapter else None, policy.temperature, policy.seed)
         if key not in self._backends:
             self._backends.clear()  # one model in memory at a time
             kwargs: dict[str, Any] = {"adapter": policy.adapter, "max_new_tokens": self.max_new_tokens,
                                       "temperature": policy.temperature, "seed": policy.seed}
-            if "batch_size" in inspect.signature(TransformersBackend).parameters:
-                kwargs["batch_size"] = self.batch_size
-            self._backends[key] = TransformersBackend(self.model_dir, **kwargs)
+            if self.engine == "llama.cpp":
+                from flowrl.demo.llama_backend import LlamaCppBackend
+
+                self._backends[key] = LlamaCppBackend(self.model_dir, **kwargs)
+            else:
+                from flowrl.demo.backend import TransformersBackend
+
+                if "batch_size" in inspect.signature(TransformersBackend).parameters:
+                    kwargs["batch_size"] = self.batch_size
+                self._backends[key] = TransformersBackend(self.model_dir, **kwargs)
         return self._backends[key]
 
     def __call__(self, policy: Policy) -> Any:
