@@ -1,4 +1,5 @@
-"""New tokens per second of `TransformersBackend` at batch 1 against batched across concurrent agent-like callers.
+"""New tokens per second of `TransformersBackend` at batch 1 against batched across concurrent agent-like callers,
+and of `LlamaCppBackend` (llama.cpp, q8_0 GGUF) on the same conversations.
 
     python bench/bench_backend.py [--callers 8] [--turns 3] [--max-new-tokens 48] [--temperature 0]
                                   [--omp-passive] [--json FILE]
@@ -10,6 +11,10 @@ one process, both phases on the same conversations:
 * `batched`: `--callers` conversations run at once, each an asyncio task calling `complete` through
   `asyncio.to_thread` as the example agent does; the backend gathers concurrent calls into batches of up to
   `--callers` rows.
+
+* `llama.cpp`: the conversations one after another through `LlamaCppBackend` (skipped when llama-cpp-python is
+  not installed; `--no-llama` skips it too). Its replies are the q8_0 model's, so its token count may differ a
+  little; compare tokens/s.
 
 A conversation is agent-shaped: the example agent's system prompt and worked example, a task from the demo
 suite, then `--turns` model calls, each followed by a tool result and `--tool-ms` of tool time. Greedy by
@@ -106,6 +111,34 @@ def measure(backend: Any, starts: list[list[dict[str, Any]]], *, batch_size: int
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()]}
 
 
+def measure_llama(model_dir: Path, starts: list[list[dict[str, Any]]], args: argparse.Namespace,
+                  tool_s: float) -> dict[str, Any]:
+    """The conversations one after another through LlamaCppBackend (the GGUF is written first, not timed)."""
+    from flowrl.demo.llama_backend import LlamaCppBackend
+
+    backend = LlamaCppBackend(model_dir, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    asyncio.run(phase(backend, starts[:1], concurrent=1, turns=1, tool_s=0))  # warm-up
+    load_before = os.getloadavg()
+    calls: list[float] = []
+    complete = backend.complete
+
+    def timed(messages: list[dict[str, Any]]) -> Any:
+        t = time.perf_counter()
+        try:
+            return complete(messages)
+        finally:
+            calls.append(time.perf_counter() - t)
+
+    backend.complete = timed  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    tokens = asyncio.run(phase(backend, starts, concurrent=1, turns=args.turns, tool_s=tool_s))
+    seconds = time.perf_counter() - t0
+    return {"calls": len(calls), "new_tokens": tokens, "seconds": round(seconds, 2),
+            "tokens_per_s": round(tokens / seconds, 2), "prefill_rows": [], "prefill_s": float("nan"),
+            "decode_s": round(sum(calls), 2), "mean_decode_rows": 1.0, "gguf": backend.gguf.name,
+            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--callers", type=int, default=8, help="concurrent conversations in the batched phase")
@@ -116,6 +149,7 @@ def main() -> int:
     parser.add_argument("--tool-ms", type=float, default=30, help="simulated tool time after each call")
     parser.add_argument("--max-wait-ms", type=float, default=20)
     parser.add_argument("--omp-passive", action="store_true", help="set OMP_WAIT_POLICY=PASSIVE before torch loads")
+    parser.add_argument("--no-llama", action="store_true", help="skip the llama.cpp phase")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.omp_passive:
@@ -137,6 +171,10 @@ def main() -> int:
     measure(backend, starts[:1], batch_size=1, turns=1, tool_s=0)  # warm-up
     results = {"batch 1": measure(backend, starts, batch_size=1, turns=args.turns, tool_s=tool_s)}
     results["batched"] = measure(backend, starts, batch_size=args.callers, turns=args.turns, tool_s=tool_s)
+    from flowrl.demo.llama_backend import llama_cpp_available
+
+    if llama_cpp_available() and not args.no_llama:
+        results["llama.cpp"] = measure_llama(model_dir, starts, args, tool_s)
     one, many = results["batch 1"], results["batched"]
     print(f"{'phase':<9} {'calls':>5} {'new tokens':>10} {'seconds':>8} {'tokens/s':>9} {'prefill s':>9} "
           f"{'decode s':>8} {'rows/step':>9}  load before -> after")
@@ -146,6 +184,10 @@ def main() -> int:
               f"{' '.join(map(str, r['load_before']))} -> {' '.join(map(str, r['load_after']))}")
     ratio = many["tokens_per_s"] / one["tokens_per_s"]
     print(f"batched / batch 1: {ratio:.2f}x; rows of each prefill in the batched phase: {many['prefill_rows']}")
+    if "llama.cpp" in results:
+        fast = results["llama.cpp"]["tokens_per_s"]
+        print(f"llama.cpp / batch 1: {fast / one['tokens_per_s']:.2f}x; llama.cpp / batched: "
+              f"{fast / many['tokens_per_s']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "ratio": round(ratio, 3), "args": vars(args)}, indent=2,
                                         default=str))

@@ -71,3 +71,14 @@ def test_model_loading_sits_below_train_and_export() -> None:
     graph = package_graph()
     assert "flowrl.train" not in graph["flowrl.export"] and "flowrl.models" in graph["flowrl.export"]
     assert "flowrl.train" not in graph["flowrl.models"] and "flowrl.export" not in graph["flowrl.models"]
+
+
+def test_every_lazy_export_resolves() -> None:
+    """A name in a package's lazy-export table is importable (a renamed function must not leave a dead entry)."""
+    import importlib
+
+    for init in ROOT.rglob("__init__.py"):
+        module = ".".join(init.relative_to(ROOT.parent).with_suffix("").parts[:-1])
+        package = importlib.import_module(module)
+        for name, target in getattr(package, "_LAZY", {}).items():
+            assert hasattr(importlib.import_module(target), name), f"{module}.{name} -> {target} does not exist"

@@ -107,8 +107,8 @@ def test_the_gguf_is_written_once_per_model_and_adapter(model_dir: Path, tmp_pat
 
 
 def test_without_llama_cpp_the_error_says_how_to_install_it(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.demo.example_agents import pick_engine
     from flowrl.demo.llama_backend import LlamaCppBackend
-    from flowrl.improve.example import pick_engine
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(ConfigError, match="pip install llama-cpp-python"):
@@ -120,9 +120,9 @@ def test_without_llama_cpp_the_error_says_how_to_install_it(model_dir: Path, mon
 
 
 def test_auto_says_which_engine_it_took(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from flowrl.improve.example import pick_engine
+    from flowrl.demo.example_agents import pick_engine
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with caplog.at_level(logging.INFO, logger="flowrl.improve.example"):
+    with caplog.at_level(logging.INFO, logger="flowrl.demo.example_agents"):
         assert pick_engine("auto") == "transformers"
     assert "4-6x slower" in caplog.text and "pip install llama-cpp-python" in caplog.text

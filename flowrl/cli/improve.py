@@ -52,7 +52,7 @@ def improve_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the task split, sampling and training."),
 ) -> None:
     """Make the example agent better, round by round, and prove it on held-out tasks (eval.json per round)."""
-    from flowrl.improve.example import ExampleAgents, example_grade, example_tasks
+    from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
     from flowrl.improve.loop import ImproveConfig, improve
     from flowrl.models import resolve_model
 

@@ -174,9 +174,9 @@ def eval_cmd(
 
 def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, json_out: Path | None,
                 concurrency: int | None, engine: str) -> None:
+    from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
     from flowrl.evaluate.agent import run_arms
     from flowrl.evaluate.results import format_table, summarize, write_eval_json
-    from flowrl.improve.example import ExampleAgents, example_grade, example_tasks
     from flowrl.improve.loop import Policy
     from flowrl.models import resolve_model
 

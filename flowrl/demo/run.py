@@ -7,9 +7,11 @@ Stages (each shows progress and ends with a one-line summary; a second run reuse
 4. score    all rewards, through the sandbox
 5. build    KTO and GRPO datasets (validation split = held-out tasks)
 6. train    a few steps of KTO and of GRPO (LoRA) on the default model
-7. eval     the agent with the base model against the agent with each adapter, on the held-out tasks
+7. improve  a small `flowrl improve`: rounds of collect (suite train tasks, sampled), select the runs graded
+            right, train an SFT adapter, eval base against the round's adapter on held-out suite tasks (success
+            rates with Wilson intervals, McNemar's test; `improve/round-<r>/eval.json`)
 8. export   the GRPO adapter to GGUF (q8_0) plus an Ollama Modelfile
-9. report   HTML + PNG
+9. report   HTML + PNG, with the success rate per improve round and its interval
 
 Everything lands under `out` (default `demo-out/`).
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,10 @@ class DemoConfig:
     repeats: int = 2
     kto_steps: int = 4
     grpo_steps: int = 2
-    eval_max_new_tokens: int = 64
+    improve_rounds: int = 2
+    improve_train_tasks: int = 24
+    improve_samples: int = 4
+    improve_eval_tasks: int = 40
     quant: str = "q8_0"
     fresh: bool = False
     flowagent_data: Path | None = None
@@ -111,7 +115,7 @@ class Demo:
         self.out.mkdir(parents=True, exist_ok=True)
         for name, fn in (("model", self.stage_model), ("collect", self.stage_collect), ("ingest", self.stage_ingest),
                          ("score", self.stage_score), ("build", self.stage_build), ("train", self.stage_train),
-                         ("eval", self.stage_eval), ("export", self.stage_export), ("report", self.stage_report)):
+                         ("improve", self.stage_improve), ("export", self.stage_export), ("report", self.stage_report)):
             self._stage(name, fn)
         return self.result
 
@@ -214,29 +218,29 @@ class Demo:
             self.on_progress("train", len(parts), 2)
         return "; ".join(parts), reused
 
-    def stage_eval(self) -> tuple[str, bool]:
-        from flowrl.demo.agent_eval import evaluate_agent, held_out_tasks
+    def stage_improve(self) -> tuple[str, bool]:
+        from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
+        from flowrl.improve import ImproveConfig, ImproveError, improve
 
-        out = self.out / "eval"
-        adapters = {m: self.out / "runs" / m for m in ("kto", "grpo")}
-        newest = max((a / "adapter_config.json").stat().st_mtime for a in adapters.values())
-        reports = [out / m / "eval_report.json" for m in adapters]
-        reused = all(self._done(r) and r.stat().st_mtime >= newest for r in reports)
-        if not reused and out.exists():
-            import shutil
-
-            shutil.rmtree(out)
-        tasks = held_out_tasks(self.out / "datasets" / "grpo")
-        if not tasks:
-            return "no held-out task in the validation split: nothing to evaluate", False
-        results = evaluate_agent(self.model_dir, adapters, tasks, out, seed=self.cfg.seed) if not reused else {
-            m: json.loads((out / m / "eval_report.json").read_text()) for m in adapters}
+        cfg = self.cfg
+        out = self.out / "improve"
+        last = out / f"round-{cfg.improve_rounds}" / "eval.json"
+        reused = self._done(last)
+        train, held_out = example_tasks(cfg.improve_train_tasks, cfg.improve_eval_tasks, seed=cfg.seed)
+        with ExampleAgents(self.model_dir or cfg.base_model, engine="auto") as agents:
+            config = ImproveConfig(out=out, rounds=cfg.improve_rounds, samples=cfg.improve_samples,
+                                   base_model=cfg.base_model, concurrency=agents.concurrency, epochs=3.0, seed=cfg.seed)
+            try:
+                results = improve(agents, train, held_out, example_grade, config,
+                                  on_progress=lambda s, d, t: self.on_progress(f"improve {s}", d, t))
+            except ImproveError as exc:
+                return f"{agents.engine}: stopped: {exc}", False
         parts = []
-        for method, report in results.items():
-            comb, ref = report["combined"], report["per_reward"].get("reference_answer", {})
-            parts.append(f"{method}: combined {_f(comb.get('baseline'))} -> {_f(comb.get('model'))}, "
-                         f"correct {_f(ref.get('baseline'))} -> {_f(ref.get('model'))}")
-        return f"{len(tasks)} held-out tasks ({', '.join(t.task_id for t in tasks)}); " + "; ".join(parts), reused
+        for r in results:
+            base, arm = r.arms["base"], r.arms[f"round-{r.round}"]
+            parts.append(f"round {r.round}: {r.right}/{r.collected} collected runs right, held-out "
+                         f"{_rate(base)} (base) -> {_rate(arm)}")
+        return f"{agents.engine}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
 
     def stage_export(self) -> tuple[str, bool]:
         from flowrl.export import ExportPipeline
@@ -251,7 +255,7 @@ class Demo:
     def stage_report(self) -> tuple[str, bool]:
         from flowrl.report import make_report
 
-        runs = [p for p in (self.out / "runs", self.out / "eval") if p.exists()]
+        runs = [p for p in (self.out / "runs", self.out / "improve") if p.exists()]
         res = make_report(self.store, self.out / "report", runs)
         self.result.report = res.html
         return f"{res.html} ({res.metrics.traces} traces, {len(res.pngs)} charts)", False
@@ -288,6 +292,11 @@ def _last_metrics(path: Path) -> dict[str, Any]:
         if "step" in row:
             last.update(row)
     return last
+
+
+def _rate(arm: dict[str, Any]) -> str:
+    lo, hi = arm["ci95"]
+    return f"{arm['successes']}/{arm['n']} ({arm['rate']:.0%}, 95% CI {lo:.0%}-{hi:.0%})"
 
 
 def _f(v: Any) -> str:

@@ -1,4 +1,5 @@
-"""`flowrl improve`: the collect -> score -> select -> train -> eval rounds, for the example agent or your own."""
+"""`flowrl improve`: the collect -> score -> select -> train -> eval rounds, for any agent (the example agent's
+factory, tasks and grader are in `flowrl.demo.example_agents`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ _LAZY: dict[str, str] = {
     "ImproveError": "flowrl.improve.loop",
     "Policy": "flowrl.improve.loop",
     "RoundResult": "flowrl.improve.loop",
-    "example_agent_factory": "flowrl.improve.example",
 }
 
 __all__ = list(_LAZY)
