@@ -61,9 +61,26 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
     assert data["arms"]["base"]["successes"] == 3 and data["arms"]["round-1"]["successes"] == 6
     traces = list((tmp_path / "out" / "traces").rglob("*.json"))
     assert len(traces) == 16  # every collected run is in the store
+    _check_secondary(tmp_path / "out", list(data["arms"]))
     stages.clear()
     improve(lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, on_stage=lambda s, m: stages.append((s, m)))
     assert all("reused" in m for s, m in stages), stages  # a second call redoes nothing
+
+
+def _check_secondary(out: Path, arms: list[str]) -> None:
+    """rewards.json: each reward's mean per arm over exactly the tasks where every arm's run has a value."""
+    from flowrl.store import TraceStore
+
+    secondary = json.loads((out / "round-1" / "rewards.json").read_text())["rewards"]
+    runs = {arm: {t.session_id[len("eval-"):]: t.rewards for t in TraceStore(out / "eval-traces" / arm).iter_traces()}
+            for arm in arms}
+    assert secondary and any(entry["n"] == len(HELD) for entry in secondary.values())
+    for name, entry in secondary.items():
+        shared = [h.task_id for h in HELD if all(runs[arm].get(h.task_id, {}).get(name) is not None for arm in arms)]
+        assert entry["n"] == len(shared), name
+        for arm in arms:
+            expected = sum(runs[arm][t][name] for t in shared) / len(shared) if shared else None
+            assert entry["means"][arm] == (None if expected is None else pytest.approx(expected, abs=1e-6))
 
 
 def test_a_round_with_nothing_right_stops_with_one_line(tmp_path: Path) -> None:
@@ -88,6 +105,9 @@ def test_flowrl_eval_runs_the_agent_loop_and_writes_a_verifiable_eval_json(tmp_p
                  "--concurrency", "3"]) == 0
     data = json.loads(out.read_text())
     assert verify(data) == [] and list(data["arms"]) == ["base"] and data["arms"]["base"]["n"] == 3
+    secondary = json.loads((tmp_path / "eval.rewards.json").read_text())["rewards"]
+    assert secondary and all(set(entry["means"]) == {"base"} for entry in secondary.values())
+    assert len(list((tmp_path / "eval-traces" / "base").rglob("*.json"))) == 3  # the runs are kept
     assert "base: n=3" in capsys.readouterr().out or "base" in out.read_text()
     assert main(["eval", "--model", str(model)]) == 2
     assert "--agent example" in capsys.readouterr().err

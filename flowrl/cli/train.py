@@ -174,6 +174,8 @@ def eval_cmd(
 
 def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, json_out: Path | None,
                 concurrency: int | None, engine: str) -> None:
+    import tempfile
+
     from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
     from flowrl.evaluate.agent import run_arms
     from flowrl.evaluate.results import format_table, summarize, write_eval_json
@@ -192,18 +194,28 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
     if resolved.adapter or resolved.path != base.path:
         arms["model"] = Policy(resolved.path, Path(resolved.adapter) if resolved.adapter else None, 0.0, 0)
     outcomes: dict[str, dict[str, bool]] = {}
-    for name, policy in arms.items():
-        with ExampleAgents(policy.base_model, engine=engine) as agents:
-            got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade,
-                           concurrency=concurrency or agents.concurrency)
-        for task_id, arm in got.items():
-            outcomes.setdefault(task_id, {}).update(arm)
-    data = summarize(outcomes, base="base")
-    for line in format_table(data):
-        console.print(line, highlight=False, markup=False)
+    with tempfile.TemporaryDirectory(prefix="flowrl-eval-") as scratch:
+        # the runs are kept beside --json (one store per arm), else only while their rewards are computed
+        traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
+        for name, policy in arms.items():
+            with ExampleAgents(policy.base_model, engine=engine) as agents:
+                got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade,
+                               concurrency=concurrency or agents.concurrency, store_root=traces)
+            for task_id, arm in got.items():
+                outcomes.setdefault(task_id, {}).update(arm)
+        data = summarize(outcomes, base="base")
+        for line in format_table(data):
+            console.print(line, highlight=False, markup=False)
+        from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
+
+        secondary = reward_means({name: traces / name for name in arms}, [t.task_id for t in held_out])
+        for line in format_rewards(secondary):
+            console.print(line, highlight=False, markup=False)
     if json_out is not None:
         write_eval_json(json_out, data)
-        console.print(f"eval: {json_out}", highlight=False, markup=False)
+        write_rewards_json(json_out.with_name(json_out.stem + ".rewards.json"), secondary)
+        console.print(f"eval: {json_out} (reward means: {json_out.stem}.rewards.json, runs: {traces})",
+                      highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,8 @@ Each round r:
 4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far;
 5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
    greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
-   McNemar's exact test against the base (`flowrl.evaluate.results`).
+   McNemar's exact test against the base (`flowrl.evaluate.results`); `out/round-<r>/rewards.json` each reward's
+   mean per arm over the same tasks (`flowrl.evaluate.secondary`).
 
 Every stage leaves its output in `out/round-<r>/`, so a second call resumes where the first stopped. A round
 with no run graded right stops with one line saying what to change.
@@ -298,7 +299,18 @@ class Improve:
         write_eval_json(path, data)
         for line in format_table(data):
             self.on_stage("eval", line)
+        self.secondary(path.parent / "rewards.json", list(per_arm))
         return data
+
+    def secondary(self, path: Path, arms: list[str]) -> None:
+        """Each reward's mean per arm over the same held-out tasks (`flowrl.evaluate.secondary`)."""
+        from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
+
+        stores = {arm: self.out / "eval-traces" / arm for arm in arms}
+        data = reward_means(stores, [t.task_id for t in self.eval_tasks])
+        write_rewards_json(path, data)
+        for line in format_rewards(data):
+            self.on_stage("rewards", line)
 
 
 @dataclass(frozen=True)
