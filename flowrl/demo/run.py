@@ -52,10 +52,10 @@ class DemoConfig:
     repeats: int = 2
     kto_steps: int = 4
     grpo_steps: int = 2
-    improve_rounds: int = 2
-    improve_train_tasks: int = 24
+    improve_rounds: int = 1
+    improve_train_tasks: int = 40
     improve_samples: int = 4
-    improve_eval_tasks: int = 40
+    improve_eval_tasks: int = 60
     quant: str = "q8_0"
     fresh: bool = False
     flowagent_data: Path | None = None
@@ -139,16 +139,15 @@ class Demo:
 
     async def _collect(self, tasks: Any, runs: int) -> str:
         from flowrl.capture import hook_into_agent
-        from flowrl.demo.agent import ExampleAgent
-        from flowrl.demo.backend import TransformersBackend
+        from flowrl.demo.example_agents import ExampleAgents
         from flowrl.demo.tasks import annotate, answer_matches
-        from flowrl.rewards.sandbox import Sandbox
+        from flowrl.improve import Policy
 
-        backend = TransformersBackend(self.model_dir, max_new_tokens=64, temperature=0.9, seed=self.cfg.seed)
         plan = [tasks[i % len(tasks)] for i in range(runs)]
         correct = 0
-        with Sandbox(workers=1) as sandbox:
-            agent = ExampleAgent(backend, sandbox=sandbox, seed=self.cfg.seed)
+        with ExampleAgents(self.model_dir or self.cfg.base_model, engine="auto") as agents:
+            agent = agents(Policy(self.cfg.base_model, None, 0.9, self.cfg.seed))
+            engine = agents.engine
             hook = hook_into_agent(agent, store=self.store)
             try:
                 for i, task in enumerate(plan):
@@ -160,7 +159,7 @@ class Demo:
                 hook.unhook()
         annotated = annotate(self.store, source="live", agent="example_agent")
         stats = hook.stats
-        return (f"{len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
+        return (f"{engine}: {len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
                 f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer")
 
     def stage_ingest(self) -> tuple[str, bool]:

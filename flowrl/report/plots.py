@@ -146,6 +146,7 @@ def rounds_chart(files: list[EvalFile], out: Path, index: int) -> str | None:
                     linestyle="--" if is_base else "-", color=_GREY if is_base else next(colors, _GREY), label=family)
     rounds = sorted({f.round or 0 for f in files})
     ax.set_xticks(rounds, [str(r) for r in rounds])
+    ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)  # one round: the dodged arms stay side by side
     ax.set_xlabel("round")
     ax.set_ylim(0, 1)
     ax.set_ylabel("success rate")
