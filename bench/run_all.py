@@ -1,6 +1,7 @@
 """Run every benchmark with the settings the README's figures come from (`make bench`).
 
-Each runs in its own process; their tables go to stdout. Takes about 10 minutes on 2 cores.
+Each runs in its own process; their tables go to stdout. Takes about 10 minutes on 2 cores. The improvement
+benchmark (`bench_improve.py`, about an hour for two rounds) runs only when named: `python bench/run_all.py improve`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ BENCHES = [
     ("sandbox", ["bench_sandbox.py"]),
     ("dataset", ["bench_dataset.py"]),
     ("train", ["bench_train.py"]),
+    ("backend", ["bench_backend.py"]),
+]
+ON_REQUEST = [
+    ("improve", ["bench_improve.py", "--out", "bench-improve", "--rounds", "2", "--train-tasks", "100", "--samples", "4",
+                 "--eval-tasks", "150", "--temperature", "0.7", "--epochs", "3"]),
 ]
 
 
 def main(argv: list[str]) -> int:
     wanted = set(argv) or {name for name, _ in BENCHES}
     failed = []
-    for name, args in BENCHES:
+    for name, args in BENCHES + ON_REQUEST:
         if name not in wanted:
             continue
         print(f"\n## {name}\n", flush=True)
