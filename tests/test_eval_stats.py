@@ -129,3 +129,13 @@ def test_report_flags_an_eval_json_that_does_not_recompute(tmp_path: Path) -> No
     write_eval_json(tmp_path / "run" / "eval.json", data)
     page = make_report(TraceStore(tmp_path / "store"), tmp_path / "out", [tmp_path / "run"]).html.read_text()
     assert "do not recompute" in page and "arms.round-1.successes" in page
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_the_published_benchmark_eval_json_recomputes_to_its_own_figures(round_: int) -> None:
+    """The eval.json files README and docs/benchmarks.md quote: every figure follows from the per-task outcomes."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "improve-2026-11-24" / f"round-{round_}" / "eval.json"
+    data = read_eval_json(path)
+    assert verify(data) == []
+    arm = data["arms"][f"round-{round_}"]
+    assert arm["n"] == 150 and arm["successes"] == {1: 17, 2: 76}[round_]

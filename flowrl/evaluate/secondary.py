@@ -76,6 +76,9 @@ def format_rewards(data: dict[str, Any]) -> list[str]:
     """One line per reward: its mean per arm, and over how many tasks."""
     lines = []
     for name, entry in data["rewards"].items():
+        if not entry["n"]:
+            lines.append(f"{name}: judged no task in every arm (a reference answer or tool call it needs is missing)")
+            continue
         means = ", ".join(f"{arm} {'n/a' if v is None else f'{v:.3f}'}" for arm, v in entry["means"].items())
         lines.append(f"{name}: {means} (over the same {entry['n']} tasks)")
     return lines
