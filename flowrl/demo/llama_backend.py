@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,8 @@ class LlamaCppBackend(TokensInBackend):
     def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, gguf: str | Path | None = None,
                  quant: str = "q8_0", max_new_tokens: int = 96, temperature: float = 0.8, seed: int = 0,
                  top_p: float = 0.95, top_k: int = 50, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+        # llama_cpp opens two /dev/null files at import and never closes them: a ResourceWarning at exit, not ours
+        warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
         try:
             import llama_cpp
         except ImportError as exc:
