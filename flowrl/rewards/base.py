@@ -23,9 +23,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowrl.errors import FlowRLError
 from flowrl.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
+
+EXECUTED_TRACE = "flowrl_trace"  # the rollout's extra key holding each completion's executed trace
+
+
+def executed_trace(traces: Any, i: int, n: int) -> ExecutionTrace:
+    """The i-th of `n` executed traces a rollout returned (an ExecutionTrace or its dict)."""
+    if not isinstance(traces, list) or len(traces) != n:
+        raise FlowRLError(f"the rollout's {EXECUTED_TRACE!r} must hold one trace per completion ({n}), got "
+                          f"{type(traces).__name__} of {len(traces) if isinstance(traces, list) else '?'}: fix the rollout")
+    trace = traces[i]
+    if isinstance(trace, ExecutionTrace):
+        return trace
+    if isinstance(trace, dict):
+        return ExecutionTrace.model_validate(trace)
+    raise FlowRLError(f"the rollout's {EXECUTED_TRACE!r}[{i}] is a {type(trace).__name__}, not a trace: fix the rollout")
 
 
 @dataclass
@@ -165,16 +181,24 @@ class Reward:
     def as_reward_func(self) -> Callable[..., list[float | None]]:
         """This reward as a TRL GRPOTrainer reward function. When the reward crashes on a completion, it returns
         None for every completion of the same prompt in the call (see the module docstring); its `stats` count
-        calls, completions, errors and the completions voided that way."""
+        calls, completions, errors and the completions voided that way.
+
+        When the rollout passes the executed trajectories (TRL gives a rollout's extra key `flowrl_trace` to reward
+        functions as a keyword, one per completion), the reward judges those traces, tool results and all, instead
+        of a trace rebuilt from the completion's decoded text."""
         stats = {"calls": 0, "completions": 0, "errors": 0, "voided": 0}
 
         def reward_func(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
             n = len(completions)
             traces, groups = [], []
+            executed = kwargs.pop(EXECUTED_TRACE, None)
             for i in range(n):
                 prompt = prompts[i] if i < len(prompts) else ""
                 cols = {k: (v[i] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
-                traces.append(self.trace_from_completion(prompt, completions[i], **cols))
+                if executed is not None:  # a rollout ran the agent: judge what it did, not the decoded text
+                    traces.append(executed_trace(executed, i, n))
+                else:
+                    traces.append(self.trace_from_completion(prompt, completions[i], **cols))
                 groups.append(json.dumps(prompt, sort_keys=True, default=str))
             results = score_safely(self, traces)
             crashed = {g for g, r in zip(groups, results) if r.error is not None}
