@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Protocol
 
+from flowrl.train.chat_backend import Completion  # the reply type every backend returns
+
 # The tables behind `lookup`. The generated task suite (flowrl/demo/suite.py) asks about their entries, so every
 # value here is an answer some task is graded on: countries whose capital is disputed or spelled several ways
 # are left out, names are lower-case ASCII.
@@ -128,21 +130,6 @@ FEW_SHOT: list[dict[str, Any]] = [
 ]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
-@dataclass
-class Completion:
-    """A backend's reply. The token fields are what the model was given and what it sampled (end-of-turn
-    token included) with each sampled token's log-probability, when the backend knows them; capture records
-    them on the LLM call, so datasets train on exactly these ids (docs/datasets.md)."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    prompt_token_ids: list[int] | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    tokenizer: str | None = None
 
 
 class ChatBackend(Protocol):

@@ -31,7 +31,6 @@ only the shapes of the matrix products, so logits may differ in the last fp32 bi
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import threading
@@ -44,6 +43,7 @@ from typing import Any
 
 from flowrl.demo.agent import Completion
 from flowrl.errors import ConfigError, FlowRLError, require
+from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
 
@@ -110,109 +110,6 @@ class _Batch:
 def _each_layer(cache: Any, change: Callable[[Any], Any]) -> None:
     for layer in cache.layers:
         layer.keys, layer.values = change(layer.keys), change(layer.values)
-
-
-class TokensInBackend:
-    """What every local backend shares: the chat template rendered with the model's own tokenizer, earlier
-    sampled replies put back as their sampled ids (`reuse_sampled`), and the `Completion` a call returns.
-    A subclass implements `_generate(prompt ids) -> (sampled ids, logprobs)`."""
-
-    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, max_new_tokens: int = 96,
-                 temperature: float = 0.8, seed: int = 0, top_p: float = 0.95, top_k: int = 50) -> None:
-        if max_new_tokens < 1:
-            raise ConfigError(f"{type(self).__name__} needs max_new_tokens >= 1 (got {max_new_tokens})")
-        transformers = require("transformers")
-        self.model_dir = Path(model_dir)
-        self.model_name = str(adapter or model_dir)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p, self.top_k = top_p, top_k
-        self.seed = seed
-        # (prompt ids, sampled ids) of earlier calls, read by every caller's `reuse_sampled`
-        self._sampled: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque(maxlen=256)
-        self._sampled_lock = threading.Lock()
-        self._tokenizer_lock = threading.Lock()  # a fast tokenizer may fail when two threads use it at once
-        eos = self.tokenizer.eos_token_id
-        self._end_ids = {int(eos)} if eos is not None else set()
-        self._stop_ids = set(self._end_ids)
-        pad = self.tokenizer.pad_token_id
-        self._pad_id = int(pad if pad is not None else eos if eos is not None else 0)
-        self._also_stop_at(None)
-        from flowrl.data.tokens import fingerprint
-
-        self.fingerprint = fingerprint(self.tokenizer)
-
-    def _also_stop_at(self, ids: Any) -> None:
-        """Stop ids beyond the tokenizer's end of turn (a generation config's `eos_token_id`, int or list)."""
-        self._stop_ids |= {int(i) for i in (ids if isinstance(ids, list) else [ids]) if i is not None}
-        # filler, never sampled: a reply holding it could not be told from padding (unless it also ends a turn)
-        self._unsampled = self._pad_id if self._pad_id not in self._stop_ids else None
-
-    def render(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids for `messages`: the chat template's rendering, earlier replies as their sampled ids."""
-        clean = [{"role": m["role"], "content": _content(m)} for m in messages]
-        with self._tokenizer_lock:
-            rendered = self.tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)
-        prompt = self.reuse_sampled([int(i) for i in rendered["input_ids"]])
-        if not prompt:
-            raise ValueError("the chat template rendered an empty prompt: pass at least one message")
-        return prompt
-
-    def complete(self, messages: list[dict[str, Any]]) -> Completion:
-        """The reply, with the prompt ids the model was given, the ids it sampled (end-of-turn token included)
-        and each sampled token's log-probability under softmax(logits / temperature) (temperature 1 when
-        greedy): the quantity TRL's GRPO computes for the same tokens, so the two can be compared."""
-        prompt = self.render(messages)
-        tokens, logprobs = self._generate(prompt)
-        return self._completion(prompt, tokens, logprobs)
-
-    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
-        raise NotImplementedError
-
-    def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> Completion:
-        with self._tokenizer_lock:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        completion = Completion(
-            text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens),
-            prompt_token_ids=list(prompt), token_ids=list(tokens),
-            logprobs=[round(v, 6) for v in logprobs], tokenizer=self.fingerprint,
-        )
-        with self._sampled_lock:  # before the caller hears back, so its next turn finds this reply
-            self._sampled.append((tuple(prompt), tuple(tokens)))
-        return completion
-
-    def reuse_sampled(self, ids: list[int]) -> list[int]:
-        """`ids` with every earlier reply the backend sampled in this conversation put back as its sampled ids."""
-        with self._sampled_lock:
-            replies: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-            for prompt, sampled in self._sampled:
-                replies.setdefault(prompt, []).append(sampled)
-        for prompt in sorted(replies, key=len):
-            n = len(prompt)
-            if len(ids) <= n or tuple(ids[:n]) != prompt:
-                continue
-            end = next((i for i in range(n, len(ids)) if ids[i] in self._end_ids), None)
-            if end is None:
-                continue
-            sampled = self._closest(replies[prompt], ids[n:end])
-            # the template's end-of-turn token stays when the reply was cut off before its own
-            tail = ids[end + 1:] if sampled and sampled[-1] in self._end_ids else ids[end:]
-            ids = [*prompt, *sampled, *tail]
-        return ids
-
-    def _closest(self, candidates: list[tuple[int, ...]], rendered: list[int]) -> tuple[int, ...]:
-        """The earlier reply that `rendered` (one assistant turn as the template wrote it) is a rendering of.
-        Whitespace is ignored: the agent may render the tool calls it parsed with other spacing."""
-        distinct = list(dict.fromkeys(candidates))
-        if len(distinct) == 1:
-            return distinct[0]
-        with self._tokenizer_lock:
-            target = "".join(self.tokenizer.decode(rendered, skip_special_tokens=True).split())
-            texts = ["".join(self.tokenizer.decode(c, skip_special_tokens=True).split()) for c in distinct]
-        scores = [difflib.SequenceMatcher(None, target, text, autojunk=False).ratio() for text in texts]
-        return distinct[scores.index(max(scores))]
 
 
 class TransformersBackend(TokensInBackend):
@@ -423,14 +320,3 @@ def _top_k_top_p(scores: Any, top_k: int, top_p: float) -> Any:
         drop[..., -1] = False
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return scores
-
-
-def _content(message: dict[str, Any]) -> str:
-    """Flatten an OpenAI message (with tool calls or a tool result) into text the chat template takes."""
-    text = message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function", {})
-        text += f'\n<tool_call>{{"name": "{fn.get("name")}", "arguments": {fn.get("arguments") or "{}"}}}</tool_call>'
-    if message.get("role") == "tool":
-        text = f"[{message.get('name', 'tool')} result] {text}"
-    return text.strip()

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flowrl.demo.backend import TokensInBackend
 from flowrl.errors import ConfigError, FlowRLError
+from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
 
