@@ -22,6 +22,7 @@ evaluates the new tokens.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
@@ -43,6 +44,21 @@ INSTALL_HINT = ("pip install llama-cpp-python (it builds llama.cpp from source: 
                 "minutes), or use the transformers backend")
 
 
+def _ignore_llama_devnull() -> None:
+    """llama_cpp opens two /dev/null files at import and never closes them: a ResourceWarning at interpreter exit,
+    not ours. The filter is added now and again at exit (a `warnings.catch_warnings()` block around the backend's
+    creation, as `flowrl demo` has, would have dropped it by then)."""
+    def ignore() -> None:
+        warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
+
+    ignore()
+    global _EXIT_FILTER
+    if not _EXIT_FILTER:
+        atexit.register(ignore)
+        _EXIT_FILTER = True
+
+
+_EXIT_FILTER = False
 _THREAD: ThreadPoolExecutor | None = None  # the one thread that runs llama.cpp (see the module docstring)
 _THREAD_LOCK = threading.Lock()
 
@@ -109,8 +125,7 @@ class LlamaCppBackend(TokensInBackend):
     def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, gguf: str | Path | None = None,
                  quant: str = "q8_0", max_new_tokens: int = 96, temperature: float = 0.8, seed: int = 0,
                  top_p: float = 0.95, top_k: int = 50, n_ctx: int = 4096, n_threads: int | None = None) -> None:
-        # llama_cpp opens two /dev/null files at import and never closes them: a ResourceWarning at exit, not ours
-        warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
+        _ignore_llama_devnull()
         try:
             import llama_cpp
         except ImportError as exc:
