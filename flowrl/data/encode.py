@@ -146,8 +146,6 @@ def trajectory_parts(prompt: list[dict[str, Any]], completion: list[dict[str, An
     return p, c, m, None, "template"
 
 
-
-
 def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
     """Every sequence a row stands for, with its loss mask (what `flowrl dataset show` prints)."""
     if method == "sft":

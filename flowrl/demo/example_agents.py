@@ -11,7 +11,6 @@ llama-cpp-python is installed, else transformers, said once in the log either wa
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -81,9 +80,7 @@ class ExampleAgents:
             else:
                 from flowrl.demo.backend import TransformersBackend
 
-                if "batch_size" in inspect.signature(TransformersBackend).parameters:
-                    kwargs["batch_size"] = self.batch_size
-                self._backends[key] = TransformersBackend(self.model_dir, **kwargs)
+                self._backends[key] = TransformersBackend(self.model_dir, batch_size=self.batch_size, **kwargs)
         return self._backends[key]
 
     def __call__(self, policy: Policy) -> Any:

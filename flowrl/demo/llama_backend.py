@@ -204,7 +204,8 @@ class LlamaCppBackend(TokensInBackend):
 
 
 def _top_k_top_p(scores: Any, top_k: int, top_p: float) -> Any:
-    """numpy twin of `flowrl.demo.backend._top_k_top_p` for one row."""
+    """numpy twin of `flowrl.demo.backend._top_k_top_p` for one row. Not the torch one: sampling with torch on the
+    llama.cpp thread decoded about 15% slower (torch's own threads beside llama.cpp's; `bench/bench_backend.py`)."""
     import numpy as np
 
     scores = scores.copy()

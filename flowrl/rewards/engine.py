@@ -60,6 +60,8 @@ from flowrl.schema import ExecutionTrace
 log = logging.getLogger(__name__)
 
 Results = dict[str, RewardResult]
+
+
 def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float]]:
     """Instantiate the enabled rewards of a config, with their weights."""
     rewards: dict[str, Reward] = {}

@@ -39,7 +39,6 @@ class Completion:
     tokenizer: str | None = None
 
 
-
 class TokensInBackend:
     """What every local backend shares: the chat template rendered with the model's own tokenizer, earlier
     sampled replies put back as their sampled ids (`reuse_sampled`), and the `Completion` a call returns.
