@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
 
-Source = Literal["live", "checkpoint", "obs", "live-file", "import"]
-SOURCES: tuple[str, ...] = ("live", "checkpoint", "obs", "live-file", "import")
+Source = Literal["live", "checkpoint", "obs", "live-file", "import", "train"]  # train: an online training rollout
+SOURCES: tuple[str, ...] = ("live", "checkpoint", "obs", "live-file", "import", "train")
 
 
 def now_iso() -> str:

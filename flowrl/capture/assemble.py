@@ -331,7 +331,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         "llm_calls_count": len(llm_calls),
         "agent_name": hook.agent_name,
         "run_id": rec.run_id,
-        "source": "live",
+        "source": hook.source,
         "success": success,
         "status": status,
         "messages": messages,

@@ -443,6 +443,11 @@ class TraceCollector:
             reg.stats.written += 1
             reg.stats.tool_calls += len(trace.tool_calls)
             reg.stats.llm_calls += len(trace.llm_calls)
+        if reg.on_written is not None:
+            try:
+                reg.on_written(trace)
+            except Exception as exc:
+                self._fail(reg, "the hook's on_trace callback", exc)
 
     def _fail(self, reg: Registration, what: str, exc: BaseException) -> None:
         reg.count("errors")

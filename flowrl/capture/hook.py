@@ -36,6 +36,7 @@ from flowrl.capture.collector import (
 )
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
+from flowrl.schema import SOURCES
 from flowrl.store import TraceStore
 
 log = logging.getLogger("flowrl.capture")
@@ -43,7 +44,7 @@ log = logging.getLogger("flowrl.capture")
 DEFAULT_MAX_EVENTS = 10_000
 OPTIONS = frozenset({
     "run_methods", "tool_methods", "llm_methods", "mask", "queue_size", "agent_name", "adapter", "redact",
-    "max_chars", "max_events_per_run", "exit_timeout", "metadata", "io_threads",
+    "max_chars", "max_events_per_run", "exit_timeout", "metadata", "io_threads", "source", "on_trace",
 })
 _WARN_FIRST = 3
 
@@ -56,12 +57,14 @@ class Hook:
 
     def __init__(self, agent: Any, registration: Registration, *, adapter: str, agent_name: str | None,
                  metadata: dict[str, Any] | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, source: str = "live",
+                 on_trace: Callable[[Any], None] | None = None) -> None:
         self.registration = registration
         self.options = dict(options or {})  # what it was hooked with (a re-hook must match them)
         self.adapter = adapter
         self.agent_name = agent_name
         self.metadata = dict(metadata or {})
+        self.source = source
         self.max_events = max_events
         self.handlers: dict[tuple[str | None, str], Callable[..., Any]] = {}
         self.methods: list[str] = []
@@ -73,6 +76,7 @@ class Hook:
         self.token_mark: tuple[float, ...] | None = None  # adapters: agent token counters last attributed
         self._deferred: dict[int, tuple[RunRecord, Callable[[], Any], Any]] = {}
         registration.on_error = self._log_failure
+        registration.on_written = on_trace
         registration.before_flush = self._release_deferred
 
     # -- public ---------------------------------------------------------------------------------
@@ -284,7 +288,10 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     `metadata` (dict added to every trace), `redact` (default True), `max_chars` (longer strings keep
     head and tail), `max_events_per_run` (default 10000), `exit_timeout` (seconds to write at exit and
     on unhook, default 5), `io_threads` (threads doing the fsynced writes, default 8; 0 writes on the
-    writer thread itself; hooks on one store share them, and the largest number asked for runs).
+    writer thread itself; hooks on one store share them, and the largest number asked for runs),
+    `source` (the traces' `source`, default "live"; online training rollouts use "train"), `on_trace`
+    (callable given each trace once it is written, on the writer thread; what it raises is caught,
+    counted in `stats.errors` and logged, never raised into the agent).
 
     Every hook on one store shares the process's one collector for it (one writer thread and its I/O
     threads). Hooking an agent that is already hooked returns its existing Hook when the store and the
@@ -316,6 +323,12 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     mask = options.get("mask")
     if mask is not None and not callable(mask):
         raise ConfigError("mask must be a callable taking and returning a str")
+    source = options.get("source", "live")
+    if source not in SOURCES:
+        raise ConfigError(f"source {source!r}: use one of {', '.join(SOURCES)}")
+    on_trace = options.get("on_trace")
+    if on_trace is not None and not callable(on_trace):
+        raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
     effective = {
         "adapter": adapter, "run_methods": run_methods, "tool_methods": tool_methods, "llm_methods": llm_methods,
         "mask": mask, "redact": bool(options.get("redact", True)), "max_events_per_run": max_events,
@@ -325,6 +338,7 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
         "io_threads": options.get("io_threads", DEFAULT_IO_THREADS),
         "agent_name": _agent_name(agent, options.get("agent_name")),
         "metadata": dict(options.get("metadata") or {}),
+        "source": source, "on_trace": on_trace,
     }
     try:  # outside _patch._LOCK: whoever holds that lock never waits for the collectors' registry
         effective["exit_timeout"] = float(effective["exit_timeout"])
@@ -338,7 +352,8 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
             existing = _already_hooked(agent, store, options)  # by another thread, meanwhile
             if existing is None:
                 hook = Hook(agent, registration, adapter=adapter, agent_name=effective["agent_name"],
-                            metadata=effective["metadata"], max_events=max_events, options=effective)
+                            metadata=effective["metadata"], max_events=max_events, options=effective,
+                            source=source, on_trace=on_trace)
                 module = flowagent if adapter == "flowagent" else generic
                 specs = module.plan(agent, hook, run_methods=run_methods, tool_methods=tool_methods,
                                     llm_methods=llm_methods)
@@ -406,5 +421,5 @@ def _differences(hook: Hook, agent: Any, store: Any, options: dict[str, Any]) ->
         except Exception:  # a value that cannot be compared (e.g. an array in metadata)
             same = False
         if not same:
-            out.append(key if key in ("mask", "metadata") else f"{key}={value!r} (hooked with {have!r})")
+            out.append(key if key in ("mask", "metadata", "on_trace") else f"{key}={value!r} (hooked with {have!r})")
     return out

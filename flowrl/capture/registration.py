@@ -73,6 +73,7 @@ class Registration:
         # set by the owner (the Hook): how failures are logged, and what to finish before a flush
         self.on_error: Callable[[str, BaseException], None] | None = None
         self.before_flush: Callable[[float | None], None] | None = None
+        self.on_written: Callable[[Any], None] | None = None  # given each trace once it is written
         self.accepted = 0  # records queued (host side, under the collector's lock)
         self.taken = 0     # records the writer took off the queue (written by the writer thread only)
         self.failed = 0    # records that failed to build or to write

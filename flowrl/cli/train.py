@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from rich.table import Table
 
 from flowrl.cli.common import console, err_console
 from flowrl.errors import ConfigError
+
+BUILTIN_AGENTS = {"example": "flowrl.demo.example_agents:example_adapter"}  # `--agent example`
 
 
 def _quiet_known_warnings() -> None:
@@ -62,14 +65,21 @@ def train(
     lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha (default 32)."),
     load_in_4bit: bool | None = typer.Option(None, "--4bit/--no-4bit", help="QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there)."),
     gradient_checkpointing: bool | None = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on for GPUs, off on CPU."),
+    temperature: float | None = typer.Option(None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."),
     rewards: str | None = typer.Option(None, "--rewards", help="GRPO: comma-separated flowrl rewards to train on (default: the engine's)."),
     reward_config: Path | None = typer.Option(None, "--reward-config", help="GRPO: the reward engine's TOML/YAML config."),
     report_to: str | None = typer.Option(None, "--report-to", help="tensorboard, wandb, trackio (comma-separated)."),
     seed: int | None = typer.Option(None, "--seed", help="Random seed (default 42)."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show the progress bar."),
     trl: list[str] | None = typer.Option(None, "--trl", help="KEY=VALUE set on TRL's config class as is (repeatable)."),
+    agent: str | None = typer.Option(None, "--agent", help="GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter."),
+    store: Path | None = typer.Option(None, "--store", help="With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts)."),
+    turn_tokens: int | None = typer.Option(None, "--turn-tokens", help="With --agent: new tokens per model turn (default 96)."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512)."),
+    drop_zero_std: bool | None = typer.Option(None, "--drop-zero-std/--keep-zero-std", help="With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term."),
 ) -> None:
-    """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO)."""
+    """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO), or with GRPO
+    through an agent's own loop (--agent)."""
     _quiet_known_warnings()
     from flowrl.train.config import TrainingConfig, load_config_file
     from flowrl.train.hardware import detect_hardware
@@ -83,17 +93,26 @@ def train(
         gradient_accumulation_steps=grad_accum, num_generations=num_generations, precision=precision,
         max_length=max_length, max_completion_length=max_completion_length, beta=beta,
         lora=lora_over or None, load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing,
-        rewards=_csv(rewards), reward_config=reward_config, report_to=report_to, seed=seed, progress_bar=progress,
-        trl_args=_trl_args(trl),
+        temperature=temperature, rewards=_csv(rewards), reward_config=reward_config, report_to=report_to, seed=seed, progress_bar=progress,
+        trl_args=_trl_args(trl), agent=agent, store=store, turn_tokens=turn_tokens, max_turns=max_turns,
+        drop_zero_std_groups=drop_zero_std,
     )
     base = load_config_file(config) if config is not None else {}
-    if not (method or base.get("method")) or not (dataset or base.get("dataset")):
-        raise ConfigError("give --method and --dataset (or a --config file that sets them)")
+    if not (method or base.get("method")) or not (dataset or base.get("dataset") or agent or base.get("agent")):
+        raise ConfigError("give --method and --dataset (or --agent for GRPO through an agent; or a --config file that sets them)")
     cfg = TrainingConfig.from_dict(base, **flags)
     hardware = detect_hardware()
-    console.print(f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {cfg.dataset} ({hardware.describe()})",
+    source = cfg.dataset if cfg.agent is None else f"rollouts through agent {cfg.agent}" + (
+        f" on {cfg.dataset}" if cfg.dataset else "")
+    console.print(f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {source} ({hardware.describe()})",
                   highlight=False)
-    result = TrainingPipeline(cfg, hardware=hardware).run()
+    adapter = None
+    if cfg.agent is not None:  # the rollout's lines (turns, masked tool tokens, rewards) are the run's log
+        logging.getLogger("flowrl.train.agent_rollout").setLevel(logging.INFO)
+        from flowrl.train.agent_grpo import resolve_adapter
+
+        adapter = resolve_adapter(BUILTIN_AGENTS.get(cfg.agent, cfg.agent))
+    result = TrainingPipeline(cfg, hardware=hardware, agent=adapter).run()
 
     status = "interrupted: saved at" if result.interrupted else "done:"
     sps = result.seconds_per_step
@@ -108,7 +127,14 @@ def train(
                   highlight=False)
     if result.merged_dir:
         console.print(f"merged model: {result.merged_dir}", highlight=False)
-    console.print(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
+    if cfg.agent is not None:
+        rollouts = result.info.get("rollouts") or {}
+        console.print(f"rollouts: {rollouts.get('written', 0)} traces in {cfg.resolved_store} (source train), "
+                      f"{rollouts.get('tool_calls', 0)} tool calls executed", highlight=False)
+        if cfg.agent == "example":
+            console.print(f"next: flowrl eval --model {out} --agent example", highlight=False)
+    else:
+        console.print(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
 
 
 def _fmt(v: float | None) -> str:
@@ -128,6 +154,7 @@ def eval_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
     limit: int | None = typer.Option(None, "--limit", help="Evaluate at most this many prompts."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
+    temperature: float | None = typer.Option(None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."),
     rewards: str | None = typer.Option(None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."),
     reward_config: Path | None = typer.Option(None, "--reward-config", help="The reward engine's TOML/YAML config."),
 ) -> None:

@@ -104,3 +104,26 @@ def example_grade(task: Any, answer: str) -> bool:
     from flowrl.demo import suite as tasks_suite
 
     return bool(tasks_suite.grade(task, answer))
+
+
+def example_adapter(train_tasks: int = 400, seed: int = 0) -> Any:
+    """The example agent for online GRPO (`flowrl train --method grpo --agent example`): an `ExampleAgent` per
+    rollout on the policy's backend, its tools executed (`exec_code` in one shared sandbox, started on the first
+    rollout), on the training part of the generated suite, each task's answer its reference."""
+    from flowrl.demo.agent import ExampleAgent
+    from flowrl.rewards.sandbox import Sandbox
+    from flowrl.train.agent_rollout import AgentAdapter
+
+    sandbox: dict[str, Any] = {}
+
+    def make_agent(backend: Any) -> Any:
+        if "box" not in sandbox:
+            sandbox["box"] = Sandbox(workers=1).__enter__()
+        return ExampleAgent(backend, sandbox=sandbox["box"], seed=seed)
+
+    def close() -> None:
+        if "box" in sandbox:
+            sandbox.pop("box").__exit__(None, None, None)
+
+    train, _held_out = example_tasks(train_tasks, 0, seed=seed)
+    return AgentAdapter(make_agent=make_agent, tasks=train, name="example agent", close=close)

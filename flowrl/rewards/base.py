@@ -31,13 +31,14 @@ log = logging.getLogger(__name__)
 EXECUTED_TRACE = "flowrl_trace"  # the rollout's extra key holding each completion's executed trace
 
 
-def executed_trace(traces: Any, i: int, n: int) -> ExecutionTrace:
-    """The i-th of `n` executed traces a rollout returned (an ExecutionTrace or its dict)."""
+def executed_trace(traces: Any, i: int, n: int) -> ExecutionTrace | None:
+    """The i-th of `n` executed traces a rollout returned (an ExecutionTrace or its dict; None: the run was not
+    captured, so no reward can judge it)."""
     if not isinstance(traces, list) or len(traces) != n:
         raise FlowRLError(f"the rollout's {EXECUTED_TRACE!r} must hold one trace per completion ({n}), got "
                           f"{type(traces).__name__} of {len(traces) if isinstance(traces, list) else '?'}: fix the rollout")
     trace = traces[i]
-    if isinstance(trace, ExecutionTrace):
+    if trace is None or isinstance(trace, ExecutionTrace):
         return trace
     if isinstance(trace, dict):
         return ExecutionTrace.model_validate(trace)
@@ -200,7 +201,10 @@ class Reward:
                 else:
                     traces.append(self.trace_from_completion(prompt, completions[i], **cols))
                 groups.append(json.dumps(prompt, sort_keys=True, default=str))
-            results = score_safely(self, traces)
+            judged = [t for t in traces if t is not None]
+            scored = iter(score_safely(self, judged) if judged else [])
+            results = [next(scored) if t is not None else RewardResult(None, {"reason": "run not captured"})
+                       for t in traces]
             crashed = {g for g, r in zip(groups, results) if r.error is not None}
             values = [None if g in crashed else r.value for g, r in zip(groups, results)]
             errors = sum(r.error is not None for r in results)

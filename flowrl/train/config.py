@@ -20,6 +20,8 @@ from flowrl.errors import ConfigError
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DEFAULT_BASE_MODEL = "smollm2-135m"
+# a small model sampled at 1.0 rambles past its turn (SmolLM2: 3 of 4 replies cut at 64 tokens); flowrl improve uses 0.7
+AGENT_TEMPERATURE = 0.7
 
 
 
@@ -41,7 +43,7 @@ class TrainingConfig(_Strict):
     """One training run. Paths are kept as given; `None` fields are filled from the hardware profile."""
 
     method: str  # a name in the method table (flowrl.methods)
-    dataset: Path
+    dataset: Path | None = None  # required, except for GRPO through an agent that brings its own tasks
     base_model: str = DEFAULT_BASE_MODEL
     output_dir: Path | None = None
 
@@ -75,7 +77,14 @@ class TrainingConfig(_Strict):
     reward_config: Path | None = None
     rewards: list[str] | None = None
     reward_weights: list[float] | None = None
-    temperature: float = 1.0
+    temperature: float | None = Field(None, gt=0)  # sampling; default 1.0, and 0.7 through an agent (as `flowrl improve`)
+
+    # GRPO through the agent's own loop (flowrl.train.agent_rollout): `example` or `module:function`
+    agent: str | None = None
+    store: Path | None = None  # where every rollout is written (source "train"); default OUTPUT/rollouts
+    turn_tokens: int | None = Field(None, ge=1)  # new tokens per model turn (default 96)
+    max_turns: int | None = Field(6, ge=1)  # model turns per episode; max_completion_length bounds its tokens
+    drop_zero_std_groups: bool = True  # groups whose rewards are all equal get no loss
 
     # KTO: None reads the weights flowrl's dataset builder wrote into flowrl_dataset.json
     desirable_weight: float | None = None
@@ -114,7 +123,22 @@ class TrainingConfig(_Strict):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} values for {len(self.rewards)} rewards")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError("max_steps must be a positive number of steps (or -1: run num_train_epochs)")
+        if self.agent is not None and self.method != "grpo":
+            raise ValueError(f"agent: rollouts through an agent are for --method grpo, not {self.method}")
+        if self.dataset is None and self.agent is None:
+            raise ValueError("dataset: give a dataset (or, for --method grpo, an agent whose tasks to train on)")
         return self
+
+    @property
+    def resolved_temperature(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return AGENT_TEMPERATURE if self.agent is not None else 1.0
+
+    @property
+    def resolved_store(self) -> Path:
+        """Where online rollouts through the agent are written."""
+        return self.store if self.store is not None else self.resolved_output_dir / "rollouts"
 
     # ------------------------------------------------------------------ derived values
 

@@ -124,9 +124,18 @@ class RLTrainer:
 
     def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
                  data: LoadedData | None = None, model: ResolvedModel | None = None,
-                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None):
+                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None, agent: Any = None):
         self.reward_funcs = reward_funcs
         self.hardware = hardware or detect_hardware()
+        self.agent = None  # online GRPO through an agent: its AgentAdapter (flowrl.train.agent_rollout)
+        if agent is not None or config.agent is not None:
+            from flowrl.train.agent_grpo import resolve_adapter, tasks_data
+
+            if agent is not None and config.agent is None:
+                config = config.model_copy(update={"agent": getattr(agent, "name", "agent")})
+            self.agent = resolve_adapter(agent if agent is not None else config.agent)
+            if data is None and config.dataset is None:
+                data = tasks_data(self.agent)
         self.data = data if data is not None else load_dataset_dir(config.dataset)
         check_for_method(self.data, config.method)
         self.config = self._with_group_size(config)
@@ -161,7 +170,8 @@ class RLTrainer:
         callbacks = [self.metrics, self.interrupt, self.timer, *self.extra_callbacks]
         try:
             self.trainer, self.info = build_trl_trainer(self.config, self.settings, self.model.path, self.data,
-                                                        output_dir, callbacks, reward_funcs=self.reward_funcs)
+                                                        output_dir, callbacks, reward_funcs=self.reward_funcs,
+                                                        agent=self.agent)
         except OSError as exc:  # transformers' "not a local folder and the Hub cannot be reached"
             raise ModelError(
                 f"cannot load model {self.model.path}: {str(exc).splitlines()[0]} "
@@ -192,6 +202,11 @@ class RLTrainer:
         finally:
             self.interrupt.uninstall()
             self.metrics.close()
+            if self.agent is not None and self.agent.close is not None:
+                self.agent.close()
+            stats = self.info.get("rollouts")
+            if stats is not None and hasattr(stats, "to_dict"):
+                self.info["rollouts"] = stats.to_dict()
         seconds = time.perf_counter() - started
         if int(trainer.state.global_step) <= start_step and not self.interrupt.requested:
             raise TrainingError(f"no training step ran on {self.config.dataset}: the trainer found no batch to train on "
@@ -220,17 +235,18 @@ class TrainingPipeline:
     """Dataset folder -> trained adapter (+ merged model on request) + training card + run record."""
 
     def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
-                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None):
+                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None, agent: Any = None):
         self.config = config
         self.hardware = hardware
         self.callbacks = callbacks
         self.reward_funcs = reward_funcs
+        self.agent = agent  # an AgentAdapter (or `config.agent`): GRPO rollouts through the agent's own loop
 
     def run(self) -> TrainResult:
         from flowrl.train.card import render_training_card
 
         trainer = RLTrainer(self.config, hardware=self.hardware, callbacks=self.callbacks,
-                            reward_funcs=self.reward_funcs)
+                            reward_funcs=self.reward_funcs, agent=self.agent)
         result = trainer.train()
         if not trainer.trainer.is_world_process_zero():  # other ranks of `accelerate launch`: rank 0 writes
             return result

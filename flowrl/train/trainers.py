@@ -144,7 +144,7 @@ def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir:
         kwargs.update(
             num_generations=settings.num_generations,
             max_completion_length=settings.max_completion_length,
-            temperature=config.temperature,
+            temperature=config.resolved_temperature,
             beta=DEFAULT_GRPO_BETA if config.beta is None else config.beta,
             use_vllm=False,
             log_completions=False,
@@ -217,10 +217,11 @@ def _kto_args(config: TrainingConfig, settings: RunSettings, output_dir: Path, d
 
 def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path: str, data: LoadedData,
                       output_dir: Path, callbacks: list[Any],
-                      reward_funcs: list[Any] | None = None) -> tuple[Any, dict[str, Any]]:
+                      reward_funcs: list[Any] | None = None, agent: Any = None) -> tuple[Any, dict[str, Any]]:
     """TRL's trainer for the method, ready to `.train()`; also returns what was decided on the way.
 
-    `reward_funcs` (online GRPO) replaces flowrl's rewards with your own TRL reward functions."""
+    `reward_funcs` (online GRPO) replaces flowrl's rewards with your own TRL reward functions; `agent` (an
+    `AgentAdapter`) rolls every completion out through the agent's own loop (flowrl.train.agent_rollout)."""
     from flowrl.train.offline_grpo import OfflineGroups
 
     _, trainer_cls = trl_classes(config.method)
@@ -232,7 +233,21 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
     train = data.train
     method = config.method
     encoding = _encoding(method)
-    if _is_grpo(method) and encoding is None:  # online: TRL generates
+    if _is_grpo(method) and encoding is None and agent is not None:  # online, through the agent's loop
+        from flowrl.train.agent_grpo import agent_grpo, agent_grpo_trainer
+
+        tasks = list(agent.tasks) if config.dataset is None else train.to_list()
+        parts = agent_grpo(config, agent, tasks, config.resolved_store)
+        if reward_funcs:
+            parts.funcs, parts.weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
+        info.update(rewards=[getattr(f, "__name__", str(f)) for f in parts.funcs], reward_weights=parts.weights,
+                    rollout=parts.info, rollouts=parts.rollout.stats)
+        settings = dataclasses.replace(settings, max_completion_length=parts.info["episode_tokens"])
+        args = trl_config(config, settings, output_dir, reward_weights=parts.weights)
+        train = parts.rollout.train_dataset()
+        kwargs.update(reward_funcs=parts.funcs, rollout_func=parts.rollout.rollout_func)
+        trainer_cls = agent_grpo_trainer(trainer_cls, drop_zero_std=config.drop_zero_std_groups)
+    elif _is_grpo(method) and encoding is None:  # online: TRL generates
         if reward_funcs:
             funcs, weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
         else:
