@@ -256,3 +256,16 @@ def test_capture_source_and_on_trace_options_never_hurt_the_agent(tmp_path: Path
         assert hook.stats.written == 1 and hook.stats.errors == 1
     (trace,) = TraceStore(tmp_path).iter_traces()
     assert trace.source == "live"
+
+
+def test_single_turn_grpo_on_prompts_with_tools_says_the_tools_are_not_executed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from datasets import Dataset
+
+    from flowrl.train.data_io import LoadedData
+    from flowrl.train.trainers import warn_unexecuted_tools
+
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "tools": [{"name": "exec_code"}] if i else []} for i in range(3)]
+    assert warn_unexecuted_tools(LoadedData(Dataset.from_list(rows), None, source="ds")) == 2
+    assert "2 of 3 prompts in ds offer tools" in caplog.text and "--agent" in caplog.text
+    assert warn_unexecuted_tools(LoadedData(Dataset.from_list([{"prompt": "q"}]), None)) == 0

@@ -76,6 +76,9 @@ def train(
     store: Path | None = typer.Option(None, "--store", help="With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts)."),
     turn_tokens: int | None = typer.Option(None, "--turn-tokens", help="With --agent: new tokens per model turn (default 96)."),
     max_turns: int | None = typer.Option(None, "--max-turns", help="With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512)."),
+    use_vllm: bool | None = typer.Option(None, "--use-vllm/--no-vllm", help="GRPO: generate with vLLM on the GPU (TRL's use_vllm; needs `pip install vllm`)."),
+    vllm_mode: str | None = typer.Option(None, "--vllm-mode", help="With --use-vllm: colocate (default; the only mode with --agent) or server (`trl vllm-serve`)."),
+    vllm_memory: float | None = typer.Option(None, "--vllm-gpu-memory-utilization", help="With --use-vllm colocate: share of GPU memory vLLM takes (TRL's default 0.3)."),
     drop_zero_std: bool | None = typer.Option(None, "--drop-zero-std/--keep-zero-std", help="With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term."),
 ) -> None:
     """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO), or with GRPO
@@ -95,7 +98,8 @@ def train(
         lora=lora_over or None, load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing,
         temperature=temperature, rewards=_csv(rewards), reward_config=reward_config, report_to=report_to, seed=seed, progress_bar=progress,
         trl_args=_trl_args(trl), agent=agent, store=store, turn_tokens=turn_tokens, max_turns=max_turns,
-        drop_zero_std_groups=drop_zero_std,
+        drop_zero_std_groups=drop_zero_std, use_vllm=use_vllm, vllm_mode=vllm_mode,
+        vllm_gpu_memory_utilization=vllm_memory,
     )
     base = load_config_file(config) if config is not None else {}
     if not (method or base.get("method")) or not (dataset or base.get("dataset") or agent or base.get("agent")):

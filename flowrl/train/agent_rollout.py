@@ -69,10 +69,13 @@ class PolicyBackend(TokensInBackend):
         self.calls: list[Any] = []  # CallTokens of every reply, in order
         self.stopped: str | None = None  # "tokens" or "turns" when a bound ended the episode
         self._turn_limit = max_new_tokens
+        self._vllm: Any = None  # a colocated vLLM engine (`vllm.LLM`) that generates instead of transformers
 
     @classmethod
     def from_trainer(cls, trainer: Any, *, max_new_tokens: int) -> PolicyBackend:
-        """The policy a TRL GRPOTrainer is training, sampled as TRL samples it (its generation config)."""
+        """The policy a TRL GRPOTrainer is training, sampled as TRL samples it: with its generation config in
+        transformers, or with its colocated vLLM engine when the trainer has one (`use_vllm`, colocate mode: TRL
+        loads the policy's weights into it before each rollout)."""
         from trl.models import unwrap_model_for_generation
 
         def policy() -> AbstractContextManager[Any]:
@@ -82,6 +85,8 @@ class PolicyBackend(TokensInBackend):
         backend = cls(policy, trainer.processing_class, temperature=trainer.temperature, max_new_tokens=max_new_tokens,
                       generation_config=trainer.generation_config)
         backend._also_stop_at(list(getattr(trainer, "eos_token_ids", []) or []))
+        if getattr(trainer, "use_vllm", False):
+            backend._vllm = colocated_vllm(trainer)
         return backend
 
     def episode(self, *, episode_tokens: int | None, max_turns: int | None) -> PolicyBackend:
@@ -90,6 +95,7 @@ class PolicyBackend(TokensInBackend):
                               max_new_tokens=self.max_new_tokens, generation_config=self._generation_config,
                               name=self.model_name, episode_tokens=episode_tokens, max_turns=max_turns)
         fresh._also_stop_at(sorted(self._stop_ids))
+        fresh._vllm = self._vllm
         return fresh
 
     def complete(self, messages: list[dict[str, Any]]) -> Completion:
@@ -116,6 +122,8 @@ class PolicyBackend(TokensInBackend):
         return bool(tokens) and tokens[-1] in self._stop_ids
 
     def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        if self._vllm is not None:
+            return self._generate_vllm(prompt)
         torch = require("torch")
         with torch.no_grad(), self._policy() as model:
             ids = torch.tensor([prompt], device=model.device)
@@ -134,6 +142,37 @@ class PolicyBackend(TokensInBackend):
         logprobs = [float(torch.log_softmax(out.logits[t][0].float() / scale, dim=-1)[token])
                     for t, token in enumerate(sampled)]
         return sampled, logprobs
+
+    def _generate_vllm(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """One reply from the colocated engine: ids in, ids and their processed (temperature-scaled) logprobs out,
+        stopping at the same end-of-turn ids as transformers would."""
+        vllm = require("vllm")
+        params = vllm.SamplingParams(n=1, temperature=self.temperature, max_tokens=self._turn_limit, logprobs=0,
+                                     stop_token_ids=sorted(self._stop_ids))
+        (request,) = self._vllm.generate([{"prompt_token_ids": list(prompt)}], sampling_params=params, use_tqdm=False)
+        output = request.outputs[0]
+        sampled = [int(t) for t in output.token_ids]
+        if output.logprobs is None:
+            raise FlowRLError("vLLM returned no logprobs for a rollout turn: it must run with logprobs (TRL's colocate "
+                              "engine does)")
+        logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs, sampled)]
+        return sampled, logprobs
+
+
+def colocated_vllm(trainer: Any) -> Any:
+    """The trainer's colocated vLLM engine, for one process's agent turns. Refused where a per-call `generate`
+    from the rollout would not be this process's own: server mode (the client lives on rank 0 and gathers every
+    rank's prompts), tensor parallelism (ranks of a group generate together) and sleep mode (TRL wakes the engine
+    only inside its own generate)."""
+    generation = trainer.vllm_generation
+    args = trainer.args
+    if generation.mode != "colocate":
+        raise FlowRLError("rollouts through an agent need vllm_mode colocate: pass --vllm-mode colocate")
+    if getattr(args, "vllm_tensor_parallel_size", 1) != 1:
+        raise FlowRLError("rollouts through an agent need vllm_tensor_parallel_size 1: each rank runs its own episodes")
+    if getattr(args, "vllm_enable_sleep_mode", False):
+        raise FlowRLError("rollouts through an agent cannot use vllm_enable_sleep_mode: drop it from --trl")
+    return generation.llm
 
 
 # ------------------------------------------------------------------------------------------------

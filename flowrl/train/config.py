@@ -86,6 +86,11 @@ class TrainingConfig(_Strict):
     max_turns: int | None = Field(6, ge=1)  # model turns per episode; max_completion_length bounds its tokens
     drop_zero_std_groups: bool = True  # groups whose rewards are all equal get no loss
 
+    # GRPO generation with vLLM on a GPU (TRL's options: use_vllm, vllm_mode, vllm_gpu_memory_utilization)
+    use_vllm: bool = False
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+
     # KTO: None reads the weights flowrl's dataset builder wrote into flowrl_dataset.json
     desirable_weight: float | None = None
     undesirable_weight: float | None = None
@@ -125,9 +130,19 @@ class TrainingConfig(_Strict):
             raise ValueError("max_steps must be a positive number of steps (or -1: run num_train_epochs)")
         if self.agent is not None and self.method != "grpo":
             raise ValueError(f"agent: rollouts through an agent are for --method grpo, not {self.method}")
+        if self.use_vllm and self.agent is not None and self.vllm_mode != "colocate":
+            raise ValueError("vllm_mode: rollouts through an agent generate with colocated vLLM only "
+                             "(--vllm-mode colocate); server mode gathers prompts across ranks per call")
+        if self.use_vllm and not self._is_grpo():
+            raise ValueError(f"use_vllm: vLLM generates GRPO completions; {self.method} does not generate")
         if self.dataset is None and self.agent is None:
             raise ValueError("dataset: give a dataset (or, for --method grpo, an agent whose tasks to train on)")
         return self
+
+    def _is_grpo(self) -> bool:
+        from flowrl.methods import get_method
+
+        return get_method(self.method).trl_config == "GRPOConfig"
 
     @property
     def resolved_temperature(self) -> float:

@@ -93,10 +93,21 @@ def check_reporters(report_to: list[str]) -> None:
             raise ConfigError(f"--report-to {name} needs the {module} package: `pip install {module}`")
 
 
+def check_vllm(config: TrainingConfig, settings: RunSettings) -> None:
+    """`--use-vllm` needs a GPU and the vllm package: say so before TRL loads anything."""
+    if not config.use_vllm:
+        return
+    if settings.use_cpu:
+        raise ConfigError("--use-vllm needs a CUDA GPU: drop it on this machine (generation then runs in transformers)")
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("--use-vllm needs the vllm package: `pip install vllm` (a version TRL supports)")
+
+
 def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, **decided: Any) -> Any:
     """TRL's config object for `config.method`, filled from the config and the resolved settings."""
     config_cls, _ = trl_classes(config.method)
     check_reporters(config.report_to)
+    check_vllm(config, settings)
     kwargs = trl_config_kwargs(config, settings, output_dir, **decided)
     names = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(config.trl_args) - names)
@@ -146,10 +157,14 @@ def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir:
             max_completion_length=settings.max_completion_length,
             temperature=config.resolved_temperature,
             beta=DEFAULT_GRPO_BETA if config.beta is None else config.beta,
-            use_vllm=False,
+            use_vllm=config.use_vllm,
             log_completions=False,
             mask_truncated_completions=True,  # a completion cut off before its end-of-turn token gets no loss
         )
+        if config.use_vllm:
+            kwargs["vllm_mode"] = config.vllm_mode
+            if config.vllm_gpu_memory_utilization is not None:
+                kwargs["vllm_gpu_memory_utilization"] = config.vllm_gpu_memory_utilization
         if off_policy_mask_threshold is not None:
             kwargs["off_policy_mask_threshold"] = off_policy_mask_threshold
         if reward_weights is not None:
@@ -177,6 +192,21 @@ def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]
     funcs = [engine.rewards[n].as_reward_func() for n in names]
     weights = config.reward_weights or [engine.weights[n] for n in names]
     return funcs, [float(w) for w in weights]
+
+
+def warn_unexecuted_tools(data: LoadedData) -> int:
+    """Single-turn GRPO executes no tool: TRL samples one reply, and a tool call in it is only text that the rewards
+    judge as an answer (an `exec_code` call scored below "The answer is 83."). Say so when the prompts offer tools;
+    returns how many do."""
+    if "tools" not in data.columns:
+        return 0
+    offered = sum(bool(tools) for tools in data.train["tools"])
+    if offered:
+        log.warning("flowrl: %d of %d prompts in %s offer tools, but --method grpo without --agent executes none: "
+                    "TRL samples one reply per prompt and a tool call in it stays text. To train on executed tool "
+                    "calls, roll out through the agent: --agent example or --agent module:function "
+                    "(docs/training.md, \"GRPO through the agent\")", offered, len(data.train), data.source)
+    return offered
 
 
 def is_conversational_data(data: LoadedData, encoding: str) -> bool:
@@ -248,6 +278,7 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         kwargs.update(reward_funcs=parts.funcs, rollout_func=parts.rollout.rollout_func)
         trainer_cls = agent_grpo_trainer(trainer_cls, drop_zero_std=config.drop_zero_std_groups)
     elif _is_grpo(method) and encoding is None:  # online: TRL generates
+        info["tools_not_executed"] = warn_unexecuted_tools(data)
         if reward_funcs:
             funcs, weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
         else:
