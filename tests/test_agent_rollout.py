@@ -269,3 +269,22 @@ def test_single_turn_grpo_on_prompts_with_tools_says_the_tools_are_not_executed(
     assert warn_unexecuted_tools(LoadedData(Dataset.from_list(rows), None, source="ds")) == 2
     assert "2 of 3 prompts in ds offer tools" in caplog.text and "--agent" in caplog.text
     assert warn_unexecuted_tools(LoadedData(Dataset.from_list([{"prompt": "q"}]), None)) == 0
+
+
+def test_a_dataset_gives_the_agent_its_tasks_with_their_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.cli import main
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    rows = [{"prompt": [{"role": "user", "content": f"What is the capital of country {i}?"}], "reference_answer": f"City{i}"}
+            for i in (7, 8)]
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = save_tiny_model(tmp_path / "tiny", extra_texts=[r["prompt"][0]["content"] for r in rows])
+    assert main(["train", "--method", "grpo", "--agent", "agent_fakes:scripted_adapter", "--dataset", str(data),
+                 "--base-model", str(model), "--output-dir", str(tmp_path / "out"), "--max-steps", "1",
+                 "--num-generations", "2", "--batch-size", "2", "--turn-tokens", "4", "--no-progress",
+                 "--rewards", "reference_answer"]) == 0
+    traces = list(TraceStore(tmp_path / "out" / "rollouts").iter_traces())
+    assert len(traces) == 2 and len({t.user_query for t in traces}) == 1
+    trace = traces[0]
+    assert trace.metadata["reference_answer"] == "City" + trace.user_query.rstrip("?").rsplit(" ", 1)[-1]

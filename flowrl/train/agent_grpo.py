@@ -65,7 +65,7 @@ def tasks_data(adapter: AgentAdapter) -> Any:
         raise ConfigError(f"agent {adapter.name} brings no training tasks: pass --dataset, or give the AgentAdapter tasks")
     rows = [{"prompt": t.prompt, "task_id": t.task_id} for t in tasks]
     return LoadedData(train=require("datasets").Dataset.from_list(rows), eval=None,
-                      meta={"method": "grpo"}, source=f"{len(rows)} tasks of agent {adapter.name}")
+                      meta={"method": "grpo"}, source=f"{len(rows)} tasks of {adapter.name}")
 
 
 @dataclass
