@@ -1,7 +1,8 @@
 """Run every benchmark with the settings the README's figures come from (`make bench`).
 
 Each runs in its own process; their tables go to stdout. Takes about 10 minutes on 2 cores. The improvement
-benchmark (`bench_improve.py`, about an hour for two rounds) runs only when named: `python bench/run_all.py improve`.
+benchmark (`bench_improve.py`, about an hour for two rounds) and online GRPO against SFT (`bench_grpo_vs_sft.py`)
+run only when named: `python bench/run_all.py improve grpo`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ BENCHES = [
 ON_REQUEST = [
     ("improve", ["bench_improve.py", "--out", "bench-improve", "--rounds", "2", "--train-tasks", "100", "--samples", "4",
                  "--eval-tasks", "150", "--temperature", "0.7", "--epochs", "3"]),
+    ("grpo", ["bench_grpo_vs_sft.py", "--out", "bench-grpo-vs-sft", "--train-tasks", "50", "--samples", "4",
+              "--eval-tasks", "150", "--temperature", "0.7", "--epochs", "3"]),
 ]
 
 

@@ -70,13 +70,23 @@ def main(argv: list[str] | None = None) -> int:
         print("flowrl: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, _usage_errors()):
             exc.show()
             return exc.exit_code
         raise
     return rc if isinstance(rc, int) else 0
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """Click's usage-error base class, wherever this typer takes click from: typer 0.29 vendors it as
+    `typer._click` (its errors are not `click.ClickException`), older releases use the `click` package."""
+    found: list[type[BaseException]] = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(module).ClickException)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 if __name__ == "__main__":  # pragma: no cover
