@@ -288,3 +288,17 @@ def test_a_dataset_gives_the_agent_its_tasks_with_their_references(tmp_path: Pat
     assert len(traces) == 2 and len({t.user_query for t in traces}) == 1
     trace = traces[0]
     assert trace.metadata["reference_answer"] == "City" + trace.user_query.rstrip("?").rsplit(" ", 1)[-1]
+
+
+def test_episodes_run_to_the_end_also_under_a_running_event_loop() -> None:
+    import asyncio
+
+    from flowrl.train.agent_rollout import _run_to_end
+
+    async def answer() -> int:
+        return 42
+
+    async def inside_a_notebook() -> int:
+        return _run_to_end(answer())
+
+    assert _run_to_end(answer()) == 42 and asyncio.run(inside_a_notebook()) == 42

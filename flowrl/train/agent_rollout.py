@@ -175,6 +175,18 @@ def colocated_vllm(trainer: Any) -> Any:
     return generation.llm
 
 
+def _run_to_end(coro: Any) -> Any:
+    """`asyncio.run(coro)`, also from a thread that already runs an event loop (a notebook): then on a worker."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 # ------------------------------------------------------------------------------------------------
 # the agent, its tasks, one episode
 
@@ -329,7 +341,7 @@ class AgentRollout:
                 raise FlowRLError(f"rollout_func got a prompt that is no training task: {prompt_key(prompt)[:120]}")
             tasks.append(task)
         rank = getattr(getattr(trainer, "accelerator", None), "process_index", 0)
-        episodes = asyncio.run(self._episodes(tasks, step, rank))
+        episodes = _run_to_end(self._episodes(tasks, step, rank))
         self._account(episodes, trainer, step)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
