@@ -8,6 +8,17 @@ load unchanged.
 Redaction is not done here: whoever builds a trace from the outside world (capture, ingest) masks it
 before calling `write`. The store only stores.
 
+Its folder may hold anything, so (details in `flowrl.store_index`, which owns the folder on disk):
+
+- **Writes stay inside the root and are durable when acknowledged**: links in place of `.staging` or a day
+  folder are replaced by real folders; the folder is fsynced after each rename (`write_many`: one `syncfs`
+  and one fsync per touched folder). A trace whose date does not exist (`2026-13-45`) is filed under the day
+  it is written, its timestamp kept as it was. Stale staging files are removed by age (`STALE_STAGING_S`)
+  when a store is opened and, while it writes, once per that interval.
+- **Reading never opens what is not a trace file**: impossible or foreign folders, links, FIFOs and other
+  non-regular files are skipped and recorded as read problems. A file without a `trace_id` is known by its
+  file name (what `find` knows it by), so every read and rewrite of it lands on the same file.
+
 Three things keep it right when it is shared:
 
 - **Problems per operation.** A file that cannot be read is skipped and recorded in the `ReadProblems` of
@@ -28,11 +39,11 @@ import contextlib
 import logging
 import os
 import re
-import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +52,19 @@ import orjson
 from flowrl.errors import SchemaError, StoreError
 from flowrl.facts import is_manual_label
 from flowrl.schema import ExecutionTrace, load_trace
-from flowrl.store_index import TraceIndex, day_dirs
+from flowrl.store_index import (
+    STAGING,
+    STALE_STAGING_S,
+    TraceIndex,
+    atomic_write_bytes,
+    clean_staging,
+    day_dirs,
+    open_lock,
+    put_files,
+    read_regular_file,
+    trace_files,
+    valid_day,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,42 +97,6 @@ def _toolboxv2_data_dir() -> str | None:
         return str(tb.get_app().data_dir)
     except Exception:  # pragma: no cover - depends on the host
         return None
-
-
-def atomic_write_bytes(path: Path, data: bytes, staging: Path | None = None) -> None:
-    """Write `data` to `path` via a fsynced temp file in `staging` (same filesystem) and rename."""
-    staging = staging or path.parent
-    staging.mkdir(parents=True, exist_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=staging, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _syncfs(path: Path) -> None:
-    """Flush every dirty page of the filesystem holding `path` (Linux `syncfs`; elsewhere `os.sync`)."""
-    import ctypes
-    import ctypes.util
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
-            os.sync()
-    except OSError:
-        os.sync()
-    finally:
-        os.close(fd)
 
 
 def dumps(trace: ExecutionTrace | dict[str, Any]) -> bytes:
@@ -170,6 +157,10 @@ class TraceFilter:
     max_reward: float | None = None
 
     def day_ok(self, day: str) -> bool:
+        if self.since is None and self.until is None:
+            return True
+        if not valid_day(day):  # a trace's own date that does not exist (`2026-13-45`) is in no range
+            return False
         d = date.fromisoformat(day)
         return (self.since is None or d >= self.since) and (self.until is None or d <= self.until)
 
@@ -195,10 +186,12 @@ class TraceStore:
     root: Path
     _ops: _Operations = field(default_factory=_Operations, init=False, repr=False, compare=False)
     _write_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _next_clean: float = field(default=0.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).expanduser()
         self._index = TraceIndex(self.root)
+        self._tidy()  # leftovers of a crash are cleaned when the store is opened
 
     @classmethod
     def default(cls) -> TraceStore:
@@ -206,7 +199,13 @@ class TraceStore:
 
     @property
     def staging(self) -> Path:
-        return self.root / ".staging"
+        return self.root / STAGING
+
+    def _tidy(self) -> None:
+        """Clean stale staging files, at most once per `STALE_STAGING_S` (see `clean_staging`)."""
+        if time.monotonic() >= self._next_clean:
+            self._next_clean = time.monotonic() + STALE_STAGING_S
+            clean_staging(self.staging)
 
     # -- problems, per operation ------------------------------------------------------------
     @property
@@ -242,14 +241,16 @@ class TraceStore:
 
     # -- writing ----------------------------------------------------------------------------
     def path_for(self, trace: ExecutionTrace) -> Path:
+        """Where `trace` is written: its day folder (see `_day_of`) and `{trace_id}.json`."""
         _check_id(trace.trace_id)
-        return self.root / trace.date() / f"{trace.trace_id}.json"
+        return self.root / _day_of(trace) / f"{trace.trace_id}.json"
 
     def write(self, trace: ExecutionTrace) -> Path:
         """Store a trace (replacing one with the same id and date). Returns its path."""
         path = self.path_for(trace)
+        self._tidy()
         try:
-            atomic_write_bytes(path, dumps(trace), self.staging)
+            atomic_write_bytes(path, dumps(trace), self.staging, within=self.root)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space") from exc
         self._index.added(trace.trace_id, path)
@@ -258,31 +259,22 @@ class TraceStore:
     def write_many(self, traces: list[ExecutionTrace]) -> list[Path]:
         """Store many traces with one filesystem sync instead of one fsync each (ingest's bulk path).
 
-        Same guarantee as `write`: every file's data is on disk before it is renamed into place, so a
-        reader or a crash sees each trace whole or not at all."""
-        staged: list[tuple[str, Path]] = []
+        Same guarantee as `write`: every file's data is on disk before it is renamed into place, and every
+        touched folder is fsynced (once) after, so a reader or a crash sees each trace whole or not at all.
+        Every id is checked before anything is staged; a failure leaves no staged file behind."""
+        traces = list(traces)
+        paths = [self.path_for(trace) for trace in traces]
+        if not paths:
+            return []
+        self._tidy()
+        items = ((path.parent.name, path.name, dumps(trace)) for trace, path in zip(traces, paths, strict=True))
         try:
-            self.staging.mkdir(parents=True, exist_ok=True)
-            for trace in traces:
-                path = self.path_for(trace)
-                fd, tmp = tempfile.mkstemp(dir=self.staging, prefix=f".{path.name}.", suffix=".tmp")
-                staged.append((tmp, path))
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(dumps(trace))
-            if staged:
-                _syncfs(self.staging)
-            for tmp, path in staged:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, path)
-                self._index.added(path.stem, path)
+            put_files(self.root, items, bulk=True)
         except OSError as exc:
-            for tmp, _ in staged:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
             raise StoreError(f"cannot write to {self.root}: {exc.strerror or exc}: check the store's permissions and free space") from exc
-        return [path for _, path in staged]
+        for trace, path in zip(traces, paths, strict=True):
+            self._index.added(trace.trace_id, path)
+        return paths
 
     def update(self, trace: ExecutionTrace) -> Path:
         """Rewrite a stored trace in place (its existing file), or write it if it is new.
@@ -329,8 +321,9 @@ class TraceStore:
         return self.modify(trace_id, review)
 
     def _rewrite(self, path: Path, trace: ExecutionTrace) -> None:
+        self._tidy()
         try:
-            atomic_write_bytes(path, dumps(trace), self.staging)
+            atomic_write_bytes(path, dumps(trace), self.staging, within=self.root)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
@@ -346,15 +339,17 @@ class TraceStore:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fh = open(self.root / LOCK_NAME, "a+b")
+            fd = open_lock(self.root / LOCK_NAME)
         except OSError as exc:
             raise StoreError(f"cannot lock {self.root / LOCK_NAME}: {exc.strerror or exc}: check the store's permissions") from exc
-        with fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def find(self, trace_id: str) -> Path | None:
         """The file of `trace_id`, or None. O(1) after the first call (see `flowrl.store_index`)."""
@@ -375,7 +370,7 @@ class TraceStore:
     def read_path(path: Path) -> ExecutionTrace:
         """Load one trace file. Raises SchemaError naming the file when it is not a valid trace."""
         try:
-            raw = Path(path).read_bytes()
+            raw = read_regular_file(path)
         except OSError as exc:
             raise SchemaError(f"{path}: cannot read: {exc.strerror or exc}") from exc
         if not raw.strip():
@@ -384,25 +379,25 @@ class TraceStore:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise SchemaError(f"{path}: not valid JSON ({exc})") from exc
+        if isinstance(data, dict) and not data.get("trace_id"):
+            data["trace_id"] = _id_from_name(Path(path))
         return load_trace(data, origin=str(path))
 
     def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
         """Stored trace files, oldest day first. Outside an `operation()`, a listing starts a fresh
         `problems` record (what its caller skips while reading them goes there)."""
-        self._begin()
-        yield from self._paths(flt)
+        yield from self._paths(flt, self._begin())
 
-    def _paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
-        for day in sorted(day_dirs(self.root)):
-            if flt is not None and not flt.day_ok(day.name):
-                continue
-            try:
-                names = sorted(os.listdir(day))
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if name.endswith(".json") and not name.startswith("."):
-                    yield day / name
+    def _paths(self, flt: TraceFilter | None, problems: ReadProblems) -> Iterator[Path]:
+        """Trace files, oldest day first; every entry that is not one is recorded in `problems` (once)."""
+
+        def skip(path: Path, message: str) -> None:
+            if problems.add(ReadProblem(path, message)):
+                log.warning("flowrl: skipping %s", message)
+
+        for day in sorted(day_dirs(self.root, skip)):
+            if flt is None or flt.day_ok(day.name):
+                yield from trace_files(day, skip)
 
     def iter_traces(self, flt: TraceFilter | None = None, **filters: Any) -> Iterator[ExecutionTrace]:
         """Stream stored traces, oldest day first. Corrupt files are logged, recorded once each in this
@@ -410,7 +405,7 @@ class TraceStore:
         if flt is None:
             flt = TraceFilter(**{k: _coerce_date(k, v) for k, v in filters.items()})
         problems = self._begin()
-        for path in self._paths(flt):
+        for path in self._paths(flt, problems):
             try:
                 trace = self.read_path(path)
             except SchemaError as exc:
@@ -421,7 +416,7 @@ class TraceStore:
                 yield trace
 
     def count(self) -> int:
-        return sum(1 for _ in self._paths())
+        return sum(1 for _ in self._paths(None, ReadProblems()))
 
 
 # The fields of a person's review: `label` writes them, `update` never undoes them.
@@ -434,6 +429,22 @@ def _coerce_date(key: str, value: Any) -> Any:
     if key in ("since", "until") and isinstance(value, datetime):
         return value.date()
     return value
+
+
+def _day_of(trace: ExecutionTrace) -> str:
+    """The trace's day folder: the date of its timestamp, or, when that date does not exist (`2026-13-45`,
+    `0000-01-01`), the day it is written (UTC, as for a trace without a timestamp). The timestamp is kept."""
+    day = trace.date()
+    return day if valid_day(day) else datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def _id_from_name(path: Path) -> str:
+    """The id of a stored file without a `trace_id`: its file name, which is what `find` knows it by, so a
+    rewrite (`flowrl score`, `label`) lands on this same file instead of adding a copy at each read."""
+    if not _TRACE_ID.match(path.stem):
+        raise SchemaError(f"{path}: no trace_id, and the file name is not a usable one (letters, digits, '_', "
+                          "'-', '.'): add a \"trace_id\" field or rename the file")
+    return path.stem
 
 
 def _check_id(trace_id: str) -> None:

@@ -29,9 +29,9 @@ def test_ingest_then_reingest(flowagent_fixtures: Path, tmp_path: Path, capsys: 
     args = ["ingest", str(flowagent_fixtures / "tb_data_dir"), "--store", str(tmp_path / "st")]
     assert main(args) == 0
     out = _one_line(capsys.readouterr().out)
-    assert "9 traces read: 3 new, 6 duplicate, 0 skipped, 0 files rejected" in out
+    assert "9 traces read: 3 new, 0 upgraded, 6 duplicate, 0 skipped, 0 files rejected" in out
     assert main(args) == 0
-    assert "0 new, 9 duplicate" in _one_line(capsys.readouterr().out)
+    assert "0 new, 0 upgraded, 9 duplicate" in _one_line(capsys.readouterr().out)
     assert TraceStore(tmp_path / "st").count() == 3
 
 

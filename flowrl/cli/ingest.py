@@ -22,13 +22,16 @@ LiveIdleOption = typer.Option(
 def print_summary(summary: IngestSummary, root: Path, *, verb: str = "ingested") -> None:
     s = summary
     console.print(
-        f"{verb}: {s.files_read} files read, {s.read} traces read: [bold]{s.new} new[/bold], {s.duplicate} duplicate, "
+        f"{verb}: {s.files_read} files read, {s.read} traces read: [bold]{s.new} new[/bold], {s.upgraded} upgraded, "
+        f"{s.duplicate} duplicate, "
         f"{s.skipped} skipped, {s.rejected_count} files rejected ({s.seconds:.1f} s)", highlight=False)
     if s.new_by_source:
         console.print("  new by source: " + ", ".join(f"{k} {v}" for k, v in sorted(s.new_by_source.items())),
                       highlight=False)
     if s.masked:
         console.print(f"  secrets masked: {s.masked}", highlight=False)
+    for note, n in s.notes.most_common():
+        console.print(f"  note {n}: {note}", highlight=False, markup=False)
     for reason, n in s.skip_reasons.most_common():
         console.print(f"  skipped {n}: {reason}", highlight=False, markup=False)
     for r in s.rejected:

@@ -11,6 +11,7 @@ from flowrl.errors import IngestError
 from flowrl.ingest.discover import Source
 from flowrl.ingest.engine import LIVE_IDLE_S, Ingestor
 from flowrl.ingest.summary import IngestSummary
+from flowrl.ingest.upgrade import StoreUpgrader
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace
 
@@ -47,13 +48,17 @@ def ingest_paths(paths: Iterable[Path | str], store: Any = None, *, redactor: Re
                  batch_size: int = 256) -> IngestSummary:
     """Ingest everything under `paths` into `store` (default: `TraceStore.default()`). Returns the summary.
 
-    Raises IngestError for a path that does not exist and StoreError when the store cannot be written;
-    every other problem is recorded in the summary and the rest is ingested."""
+    A run already stored from a poorer file (a checkpoint read before its obs file) is upgraded in place
+    (`summary.upgraded`, see `flowrl.ingest.upgrade`). Raises IngestError for a path that does not exist
+    and StoreError when the store cannot be written; every other problem is recorded in the summary and
+    the rest is ingested."""
     from flowrl.store import TraceStore
 
     store = store if store is not None else TraceStore.default()
-    engine = Ingestor(exists=store.exists, redactor=redactor, live_idle_s=live_idle_s, on_file=on_file)
     writer = _Writer(store, batch_size)
+    upgrade = StoreUpgrader(store, before=writer.flush) if callable(getattr(store, "modify", None)) else None
+    engine = Ingestor(exists=store.exists, upgrade=upgrade, redactor=redactor, live_idle_s=live_idle_s,
+                      on_file=on_file)
     t0 = time.perf_counter()
     try:
         for trace in engine.run([Path(p) for p in paths], exclude=[store.root]):

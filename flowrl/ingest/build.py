@@ -12,7 +12,7 @@ Field sources:
 | `success` | what the run said about itself (`flowrl.facts.reported_success`, as capture decides it): false for an error answer (`Error: ...`), else `final_answer(success=...)` (obs `success` for the last segment); null without either |
 | `facts` | `flowrl.facts.trace_facts`, once the trace is redacted (`flowrl.ingest.engine`) |
 | tokens, `llm_calls`, duration | the segment's obs steps (only the last LLM call of each step is recorded); null without obs |
-| `timestamp` | the segment's first step, else the obs run start, else the checkpoint file's time |
+| `timestamp` | the segment's first step, else the obs run start; from chat_history alone, the V1 message's time when it is a real one, else the checkpoint's (`checkpoint.checkpoint_time`) |
 
 `final_answer` is not a tool call here (its arguments are the answer); `think` is a reasoning step.
 Checkpoint `statistics` are lifetime totals and are never spread over turns.
@@ -26,6 +26,7 @@ from typing import Any
 from flowrl.facts import reported_success, tool_failed
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint
 from flowrl.ingest.obs import RunView
+from flowrl.ingest.times import epoch_time, valid_time
 from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment
 from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
 from flowrl.transcript import canonical_messages, parse_arguments
@@ -33,13 +34,7 @@ from flowrl.transcript import canonical_messages, parse_arguments
 _ERROR_CHARS = 500
 
 
-def ts(epoch: Any) -> str | None:
-    if isinstance(epoch, (int, float)) and epoch > 0:
-        try:
-            return datetime.fromtimestamp(epoch).isoformat()
-        except (OverflowError, OSError, ValueError):
-            return None
-    return None
+ts = epoch_time  # an obs epoch as ISO time (None: not a time)
 
 
 def _num(value: Any) -> float | None:
@@ -143,7 +138,7 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: str, quer
         meta["unreadable_lines"] = run.bad_lines
     if checkpoint is not None:
         meta["checkpoint"] = checkpoint.path.name
-    if turn is not None and answer is not None and seg.answer is not None and answer.strip() != seg.answer.strip():
+    if answer is not None and seg.answer is not None and answer.strip() != seg.answer.strip():
         meta["final_answer_argument"] = seg.answer
     trace = ExecutionTrace(
         trace_id=trace_id, session_id=(turn.session_id if turn else run.session_id) or "default",
@@ -168,10 +163,24 @@ def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> Execu
         meta["tool_messages_in_history"] = turn.tool_messages
     return ExecutionTrace(
         trace_id=trace_id, session_id=turn.session_id or "default",
-        timestamp=turn.timestamp or checkpoint.timestamp or datetime.now().isoformat(),
+        timestamp=valid_time(turn.timestamp) or checkpoint.timestamp or datetime.now().isoformat(),
         user_query=turn.query, final_response=answer, agent_name=checkpoint.agent, run_id=turn.run_id,
         source="checkpoint", success=reported_success(answers=(answer,), status="completed"), status="completed",
         messages=[{"role": "user", "content": turn.query}, {"role": "assistant", "content": answer}],
         metadata={"flowagent": meta},
         **_tasks(turn.run_id, turn.query, None, answer, None, "completed"),
     )
+
+
+def rejoined(stored: ExecutionTrace, run: RunView, seg: Segment, *, source: str) -> ExecutionTrace:
+    """The trace of a run segment whose id is already stored from a poorer file (`flowrl.ingest.upgrade`),
+    built as if both files had been read together: a stored checkpoint turn lends its answer, its file name
+    and `source="checkpoint"`, as `from_segment` joins a checkpoint turn to its run."""
+    if stored.source != "checkpoint":
+        return from_segment(run, seg, trace_id=stored.trace_id, source=source, query=seg.query or "", answer=None)
+    trace = from_segment(run, seg, trace_id=stored.trace_id, source="checkpoint", query=seg.query or "",
+                         answer=stored.final_response)
+    name = (stored.metadata.get("flowagent") or {}).get("checkpoint")
+    if name:
+        trace.metadata["flowagent"]["checkpoint"] = name
+    return trace

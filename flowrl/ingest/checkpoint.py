@@ -11,11 +11,11 @@ import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import IngestError
+from flowrl.ingest.times import file_time, name_time, time_text, valid_time
 from flowrl.ingest.unpickler import V1Checkpoint, V2Checkpoint, load_restricted, loads_restricted
 from flowrl.transcript import content_text
 
@@ -38,9 +38,10 @@ class Checkpoint:
     path: Path
     kind: str  # "v2" or "v1"
     agent: str
-    timestamp: str  # ISO, from the file name when it has one (as FlowAgent does), else the pickled value
+    timestamp: str  # ISO, a real time: see `checkpoint_time`
     version: str
     sessions: list[SessionHistory] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # oddities met while reading it (counted in the summary)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ChatTurn:
     run_id: str | None = None
     occurrence: int = 0  # n-th turn of this run id in the session (n-th equal turn when there is none)
     ambiguous_head: bool = False  # first run-id group of a history that may have lost its oldest messages
-    timestamp: str | None = None  # V1 messages carry one
+    timestamp: str | None = None  # V1 messages carry one; as written (it is part of the id), maybe no real time
     tool_messages: int = 0
 
 
@@ -63,21 +64,30 @@ def text_of(content: Any) -> str:
     return content_text(content)
 
 
-def iso(value: Any) -> str | None:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, date):
-        return datetime(value.year, value.month, value.day).isoformat()
-    if isinstance(value, str) and value:
-        return value
-    return None
+BAD_NAME_TIME = "checkpoint file name with an impossible time"
+NO_TIME = "checkpoint with no real time in its name or contents"
 
 
-def name_timestamp(path: Path) -> str | None:
-    m = _NAME_TS_RE.search(path.name)
-    if not m:
-        return None
-    return datetime.strptime(m.group(1), "%Y%m%d_%H%M%S").isoformat()
+def checkpoint_time(path: Path, pickled: Any) -> tuple[str, str | None]:
+    """The checkpoint's time, and a note when it could not come from where it should.
+
+    FlowAgent names the file after the moment it saved it (`agent_checkpoint_YYYYmmdd_HHMMSS.pkl`), so
+    that time comes first. A name whose time cannot be (`20261399_999999`: someone else's file, or a
+    renamed one) falls back to the time pickled in the file, then to the file's modification time."""
+    match = _NAME_TS_RE.search(path.name)
+    named = name_time(match.group(1)) if match else None
+    if named is not None:
+        return named, None
+    contents = valid_time(pickled)
+    if match is not None:
+        if contents is not None:
+            return contents, f"{BAD_NAME_TIME} (the time pickled in the file was used)"
+        mtime = file_time(path)
+        return mtime or "", f"{BAD_NAME_TIME} (the file's modification time was used)"
+    if contents is not None:
+        return contents, None
+    note = f"{NO_TIME} (the file's modification time was used)" if pickled is not None else None
+    return file_time(path) or "", note
 
 
 def load_checkpoint(path: Path, raw: bytes | None = None) -> Checkpoint:
@@ -128,7 +138,7 @@ def split_turns(history: SessionHistory) -> Iterator[ChatTurn]:
             i += 1
             continue
         turn = ChatTurn(session_id=history.session_id, index=i, query=text_of(msgs[i].get("content")),
-                        answer=None, timestamp=iso(msgs[i].get("timestamp")))
+                        answer=None, timestamp=time_text(msgs[i].get("timestamp")))
         j = i + 1
         while j < len(msgs) and _role(msgs[j]) != "user":
             m = msgs[j]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import IngestError
-from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, iso, name_timestamp
+from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, checkpoint_time
 from flowrl.ingest.unpickler import V2Checkpoint
 
 log = logging.getLogger(__name__)
@@ -62,5 +62,6 @@ def read_v2(path: Path, cp: V2Checkpoint) -> Checkpoint:
         max_history = session.get("max_history", default_max)
         out.append(SessionHistory(str(session.get("session_id") or sid), history,
                                   max_history if isinstance(max_history, int) else None))
-    timestamp = name_timestamp(path) or iso(state.get("timestamp")) or ""
-    return Checkpoint(path=path, kind="v2", agent=str(agent), timestamp=timestamp, version=version, sessions=out)
+    timestamp, note = checkpoint_time(path, state.get("timestamp"))
+    return Checkpoint(path=path, kind="v2", agent=str(agent), timestamp=timestamp, version=version, sessions=out,
+                      notes=[note] if note else [])

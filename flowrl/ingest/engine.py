@@ -5,8 +5,16 @@ id to the obs run file or live file of the same run; then obs runs and live file
 already taken from a checkpoint turn collapse into that trace by id; trace JSON files stream through as
 they are found.
 
-Memory: one file is held at a time. What grows is the set of trace ids already seen (one short string
-per distinct trace), one fingerprint per (agent, session), and a small cache of parsed obs runs.
+A trace id met again is a duplicate, unless the new file is richer than what the id was built from (an
+obs file read after the checkpoint of the same run): with an `upgrade` callback (`upgrade.StoreUpgrader`)
+the stored trace is then upgraded in place (`flowrl.ingest.upgrade`).
+
+Nothing a file holds or is named stops the engine: what cannot be read is reported as rejected, odd
+but readable things (an impossible time in a name) are counted in `summary.notes` and logged once.
+
+Memory: one file is held at a time. What grows is the map of trace ids already seen (one short string
+and a small int per distinct trace), one fingerprint per (agent, session), and a small cache of parsed
+obs runs.
 """
 
 from __future__ import annotations
@@ -17,24 +25,36 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import IngestError
+import orjson
+
+from flowrl.errors import FlowRLError, IngestError, StoreError
 from flowrl.facts import trace_facts
-from flowrl.ingest.build import from_chat, from_segment
+from flowrl.ingest.build import from_chat, from_segment, rejoined
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
 from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, TRACE, Source, iter_sources
 from flowrl.ingest.ids import interrupted_id, turn_id
 from flowrl.ingest.rl_traces import NotATrace, read_trace_file
 from flowrl.ingest.runs import RunIndex, match_segment, run_id_of, stat_sig
 from flowrl.ingest.summary import IngestSummary
+from flowrl.ingest.times import file_time, json_safe, printable, valid_time
+from flowrl.ingest.upgrade import transcript_rank
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 
 LIVE_IDLE_S = 300.0  # a live file untouched this long belongs to an interrupted run
+
+# upgrade(trace_id, rank, make) -> bool: replace the stored trace by make(stored) when rank is richer
+Upgrade = Callable[[str, int, Callable[[ExecutionTrace], ExecutionTrace]], bool]
+Make = Callable[[ExecutionTrace], ExecutionTrace]
+
+BAD_TIMESTAMP = "trace whose timestamp is no real time (the file's modification time was used)"
+NOT_UTF8 = "text that is not valid UTF-8 (a file name, or inside the file) was escaped"
 
 
 class NotReady(IngestError):
@@ -62,17 +82,21 @@ class _SessionSeen:
 
 
 class Ingestor:
-    """Turns sources into new traces. `exists(trace_id)` (the store's) makes re-runs add nothing."""
+    """Turns sources into new traces. `exists(trace_id)` (the store's) makes re-runs add nothing;
+    `upgrade` (`upgrade.StoreUpgrader`) lets a richer file upgrade a stored trace instead of being dropped."""
 
-    def __init__(self, *, exists: Callable[[str], bool] | None = None, redactor: Redactor | None = None,
-                 live_idle_s: float = LIVE_IDLE_S, clock: Callable[[], float] = time.time,
-                 on_file: Callable[[Source], None] | None = None) -> None:
+    def __init__(self, *, exists: Callable[[str], bool] | None = None, upgrade: Upgrade | None = None,
+                 redactor: Redactor | None = None, live_idle_s: float = LIVE_IDLE_S,
+                 clock: Callable[[], float] = time.time, on_file: Callable[[Source], None] | None = None) -> None:
         self.summary = IngestSummary()
         self.runs = RunIndex()
-        self.seen: set[str] = set()
+        # trace id -> how rich (`upgrade.richness`) what is stored under it is known to be, at least
+        self.seen: dict[str, int] = {}
         self.redactor = redactor if redactor is not None else Redactor()
         self.live_idle_s = live_idle_s
         self._exists = exists
+        self._upgrade = upgrade
+        self._current: Path | None = None  # the file being read
         self._clock = clock
         self._on_file = on_file
         self._sessions: dict[tuple[str, str], _SessionSeen] = {}
@@ -107,15 +131,28 @@ class Ingestor:
                     log.debug("flowrl: ignoring %s", exc)
             except IngestError as exc:
                 self.summary.reject(src.path, str(exc))
-                log.warning("flowrl: rejected %s", exc)
+                log.warning("flowrl: rejected %s", printable(str(exc)))
         self.summary.masked = self.redactor.stats.masked
 
     def ingest_source(self, src: Source, raw: bytes | None = None) -> Iterator[ExecutionTrace]:
-        """One source (`raw`: its bytes, already read); raises IngestError (NotReady: try later)."""
+        """One source (`raw`: its bytes, already read); raises IngestError (NotReady: try later) or, when
+        the store cannot be written, StoreError. A failure of flowrl's own on a file is an IngestError too,
+        so one strange file never stops an ingest or a watch."""
         if self._on_file is not None:
             self._on_file(src)
         if src.problem:
             raise IngestError(src.problem)
+        self._current = src.path
+        try:
+            yield from self._read(src, raw)
+        except FlowRLError:
+            raise
+        except Exception as exc:
+            log.warning("flowrl: reading %s failed", printable(str(src.path)), exc_info=True)
+            raise IngestError(f"{src.path}: flowrl failed on this file ({type(exc).__name__}: {exc}); the rest "
+                              f"is ingested; please report it with the file") from exc
+
+    def _read(self, src: Source, raw: bytes | None) -> Iterator[ExecutionTrace]:
         if src.kind == CHECKPOINT:
             yield from self._checkpoint(load_checkpoint(src.path, raw))
         elif src.kind in (OBS, LIVE):
@@ -134,6 +171,8 @@ class Ingestor:
     # -- checkpoints ------------------------------------------------------------------------------
     def _checkpoint(self, cp: Checkpoint) -> Iterator[ExecutionTrace]:
         self.summary.files_read += 1
+        for note in cp.notes:
+            self._note(note)
         for history in cp.sessions:
             key = (cp.agent, history.session_id)
             fp = _fingerprint(history.messages)
@@ -164,7 +203,8 @@ class Ingestor:
             query = seg.query
             tid = turn_id(cp.agent, turn.session_id, turn.run_id, query, seg.answer if seg.answer is not None else turn.answer)
             return self._offer(tid, lambda: from_segment(run, seg, trace_id=tid, source="checkpoint", query=query,
-                                                         answer=turn.answer, checkpoint=cp, turn=turn))
+                                                         answer=turn.answer, checkpoint=cp, turn=turn),
+                               rank=transcript_rank(run.transcript_source))
         if turn.run_id is not None and turn.occurrence > 0:
             return self._skip("auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
                               "(chat_history repeats the original query)")
@@ -174,7 +214,7 @@ class Ingestor:
         if turn.run_id is not None and turn.ambiguous_head and not self._known(tid):
             return self._skip("oldest turn of a history cut at max_history: without its obs file it cannot be told "
                               "from an auto-resumed turn")
-        return self._offer(tid, lambda: from_chat(turn, cp, trace_id=tid))
+        return self._offer(tid, lambda: from_chat(turn, cp, trace_id=tid), rank=transcript_rank("chat_history"))
 
     # -- obs runs and live files ------------------------------------------------------------------
     def _run_file(self, path: Path, raw: bytes | None = None) -> Iterator[ExecutionTrace]:
@@ -204,7 +244,9 @@ class Ingestor:
                 tid = interrupted_id(run.agent, run.session_id, run.run_id, seg.query)
                 source = "live-file"
             trace = self._offer(tid, lambda seg=seg, tid=tid, source=source: from_segment(
-                run, seg, trace_id=tid, source=source, query=seg.query or "", answer=None))
+                run, seg, trace_id=tid, source=source, query=seg.query or "", answer=None),
+                rank=transcript_rank(run.transcript_source),
+                rebuild=lambda stored, seg=seg, source=source: rejoined(stored, run, seg, source=source))
             if trace is not None:
                 yield trace
 
@@ -213,30 +255,77 @@ class Ingestor:
         self.summary.skip(reason)
         return None
 
+    def _note(self, reason: str) -> None:
+        """Something odd that did not stop anything: counted, and logged the first time."""
+        if reason not in self.summary.notes:
+            log.warning("flowrl: %s: %s (logged once; the summary counts them)", printable(str(self._current)), reason)
+        self.summary.note(reason)
+
     def _known(self, trace_id: str) -> bool:
         """Already ingested: in this run, or in the store."""
-        if trace_id in self.seen:
-            return True
-        if self._exists is not None and self._exists(trace_id):
-            self.seen.add(trace_id)
-            return True
-        return False
+        return self._known_rank(trace_id) is not None
 
-    def _offer(self, trace_id: str, build: Callable[[], ExecutionTrace]) -> ExecutionTrace | None:
-        if self._known(trace_id):
-            self.summary.duplicate += 1
+    def _known_rank(self, trace_id: str) -> int | None:
+        """How rich the trace already stored (or yielded) under `trace_id` is at least; None: not known."""
+        rank = self.seen.get(trace_id)
+        if rank is None and self._exists is not None and self._exists(trace_id):
+            rank = self.seen[trace_id] = 0  # a lower bound: the upgrade reads the stored trace to be sure
+        return rank
+
+    def _prepare(self, trace: ExecutionTrace) -> ExecutionTrace:
+        """Mask, make storable (JSON holds no lone surrogates; a timestamp names a real day) and add facts."""
+        data = self.redactor.redact(trace.model_dump(mode="json"))
+        try:
+            orjson.dumps(data)
+        except orjson.JSONEncodeError:
+            data, changed = json_safe(data)
+            if changed:
+                self._note(NOT_UTF8)
+        trace = ExecutionTrace.model_validate(data)
+        timestamp = valid_time(trace.timestamp)
+        if timestamp is None:
+            self._note(BAD_TIMESTAMP)
+            timestamp = (file_time(self._current) if self._current is not None else None) or datetime.now().isoformat()
+        trace.timestamp = timestamp
+        trace.facts = trace_facts(trace)  # from the redacted fields: a task key never holds a secret
+        return trace
+
+    def _offer(self, trace_id: str, build: Callable[[], ExecutionTrace], *, rank: int = 0,
+               rebuild: Make | None = None) -> ExecutionTrace | None:
+        """The trace to store under `trace_id`, or None: a duplicate, an upgrade done in place, or a skip.
+
+        `rank`: how rich `build()` is (`upgrade.richness`); `rebuild(stored)`: the same trace built for an
+        id already stored (default `build()`)."""
+        known = self._known_rank(trace_id)
+        if known is not None:
+            if rank > known and self._upgrade is not None:
+                self._try_upgrade(trace_id, rank, rebuild or (lambda _stored: build()))
+            else:
+                self.summary.duplicate += 1
             return None
         try:
-            trace = build()
-            trace = ExecutionTrace.model_validate(self.redactor.redact(trace.model_dump(mode="json")))
-            trace.facts = trace_facts(trace)  # from the redacted fields: a task key never holds a secret
+            trace = self._prepare(build())
         except Exception as exc:  # a malformed record must not stop the ingest
             log.warning("flowrl: could not build trace %s: %s", trace_id, exc, exc_info=True)
             self.summary.skip(f"could not build a trace ({type(exc).__name__})")
             return None
-        self.seen.add(trace_id)
+        self.seen[trace_id] = rank
         self.summary.new += 1
         self.summary.new_by_source[trace.source] += 1
         return trace
 
-
+    def _try_upgrade(self, trace_id: str, rank: int, rebuild: Make) -> None:
+        assert self._upgrade is not None
+        try:
+            changed = self._upgrade(trace_id, rank, lambda stored: self._prepare(rebuild(stored)))
+        except StoreError:
+            raise
+        except Exception as exc:  # as for a new trace: a malformed record is skipped
+            log.warning("flowrl: could not upgrade trace %s: %s", trace_id, exc, exc_info=True)
+            self.summary.skip(f"could not build a trace ({type(exc).__name__})")
+            return
+        self.seen[trace_id] = max(rank, self.seen.get(trace_id, 0))
+        if changed:
+            self.summary.upgraded += 1
+        else:
+            self.summary.duplicate += 1

@@ -16,6 +16,10 @@ contain it, or the obs run file), so the store collapses them into one trace:
 
 Interrupted runs (live files) use their own namespace, so a partial trace never shadows the completed
 one that may follow.
+
+Because the id does not depend on which file a turn came from, a richer file read later (the obs file
+after the checkpoint) finds the poorer trace under the same id and upgrades it in place
+(`flowrl.ingest.upgrade`).
 """
 
 from __future__ import annotations

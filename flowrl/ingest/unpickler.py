@@ -29,7 +29,9 @@ import _codecs
 import collections
 import datetime
 import io
+import os
 import pickle
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +156,27 @@ def load_restricted(path: Path) -> Any:
 
 
 def read_bytes(path: Path) -> bytes:
-    """Read a whole file; a file that vanishes or cannot be read raises IngestError naming it."""
+    """Read a whole regular file; one that vanishes, cannot be read or is something else (a FIFO, a device:
+    reading those could block for ever) raises IngestError naming it."""
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
         raise IngestError(f"{path}: vanished before it could be read") from exc
     except IsADirectoryError as exc:
         raise IngestError(f"{path}: is a directory, not a file") from exc
     except OSError as exc:
         raise IngestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            if stat.S_ISDIR(mode):
+                raise IngestError(f"{path}: is a directory, not a file")
+            raise IngestError(f"{path}: not a regular file (a FIFO, socket or device is never read)")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    except OSError as exc:
+        raise IngestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -12,7 +12,9 @@
 * State: `{store}/.flowrl-watch-state.json` maps each file read to (size, mtime_ns, sha256), written
   atomically after each batch. After a restart, unchanged files are not read again; new and changed ones
   are; a changed file whose content hash is the same is only re-stamped. Traces already in the store are
-  never written twice (content ids), whatever the state file says.
+  never written twice (content ids), whatever the state file says; a richer file for a stored run (its obs
+  file after its checkpoint) upgrades that trace in place (`flowrl.ingest.upgrade`). A path that is not
+  valid UTF-8 is keyed by its bytes (`bytes:<hex>`), since JSON cannot hold it.
 * One watcher per store: `{store}/.flowrl-watch.lock` (flock) refuses a second one.
 * `run()` stops when its `stop` event is set (the CLI sets it on SIGINT/SIGTERM), saves the state and
   returns the summary; `run_once()` is one pass for cron.
@@ -49,7 +51,9 @@ from flowrl.ingest.engine import LIVE_IDLE_S, Ingestor, NotReady
 from flowrl.ingest.rl_traces import NotATrace
 from flowrl.ingest.runs import stat_sig
 from flowrl.ingest.summary import IngestSummary
+from flowrl.ingest.times import printable
 from flowrl.ingest.unpickler import read_bytes
+from flowrl.ingest.upgrade import StoreUpgrader
 from flowrl.redact import Redactor
 from flowrl.store import TraceStore, atomic_write_bytes
 
@@ -59,6 +63,17 @@ STATE_NAME = ".flowrl-watch-state.json"
 LOCK_NAME = ".flowrl-watch.lock"
 STATE_VERSION = 1
 _RETRIES = 3
+
+
+def state_key(path: Path) -> str:
+    """The state file's key for `path`: the path itself, or `bytes:<hex>` when it is not valid UTF-8 (a name
+    with undecodable bytes; no absolute path starts like that)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "bytes:" + os.fsencode(text).hex()
 
 
 @dataclass
@@ -103,7 +118,8 @@ class Watcher:
         self.store = store if store is not None else TraceStore.default()
         self.debounce = debounce
         self.rescan_interval = rescan_interval
-        self.engine = Ingestor(exists=self.store.exists, redactor=redactor, live_idle_s=live_idle_s)
+        self.engine = Ingestor(exists=self.store.exists, upgrade=StoreUpgrader(self.store), redactor=redactor,
+                               live_idle_s=live_idle_s)
         self.state_path = state_path or self.store.root / STATE_NAME
         self.files_state: dict[str, list[Any]] = {}
         self._pending: dict[Path, _Pending] = {}
@@ -182,11 +198,11 @@ class Watcher:
         for src in sources:
             if src.problem:
                 continue
-            key = str(Path(os.path.abspath(src.path)))
-            present.add(key)
+            path = Path(os.path.abspath(src.path))
+            present.add(state_key(path))
             if src.kind in (OBS, LIVE):
-                self.engine.runs.add(Path(key))
-            self._note(Path(key))
+                self.engine.runs.add(path)
+            self._note(path)
         for key in list(self.files_state):
             if key not in present:
                 del self.files_state[key]
@@ -196,7 +212,7 @@ class Watcher:
         sig = stat_sig(path)
         if sig is None:
             return
-        recorded = self.files_state.get(str(path))
+        recorded = self.files_state.get(state_key(path))
         if recorded is not None and tuple(recorded[:2]) == sig and path not in self._pending:
             return
         pending = self._pending.setdefault(path, _Pending())
@@ -205,7 +221,7 @@ class Watcher:
 
     def _forget(self, path: Path) -> None:
         self._pending.pop(path, None)
-        if self.files_state.pop(str(path), None) is not None:
+        if self.files_state.pop(state_key(path), None) is not None:
             self._dirty = True
         self.engine.runs.discard(path)
 
@@ -274,12 +290,12 @@ class Watcher:
             self._forget(path)
             return
         digest = hashlib.sha256(raw).hexdigest()
-        recorded = self.files_state.get(str(path))
+        recorded = self.files_state.get(state_key(path))
         if recorded is not None and len(recorded) > 2 and recorded[2] == digest:
             self._done(path, sig, digest)  # touched, not changed
             return
         src = Source(kind, path, explicit=Path(os.path.abspath(path)) in self.files)
-        new_before, dup_before = self.summary.new, self.summary.duplicate
+        new_before, dup_before, up_before = self.summary.new, self.summary.duplicate, self.summary.upgraded
         try:
             for trace in self.engine.ingest_source(src, raw):
                 self.store.write(trace)
@@ -296,18 +312,19 @@ class Watcher:
                 pending.closed_sig = None
                 return
             self.summary.reject(path, str(exc))
-            log.warning("flowrl: rejected %s", exc)
+            log.warning("flowrl: rejected %s", printable(str(exc)))
         self.summary.masked = self.engine.redactor.stats.masked
         self._done(path, sig, digest)
         if self._on_message is not None:
             new = self.summary.new - new_before
             dup = self.summary.duplicate - dup_before
-            self._on_message(f"{path}: {new} new, {dup} already stored")
+            up = self.summary.upgraded - up_before
+            self._on_message(printable(f"{path}: {new} new, " + (f"{up} upgraded, " if up else "") + f"{dup} already stored"))
 
     def _done(self, path: Path, sig: tuple[int, int] | None, digest: str) -> None:
         self._pending.pop(path, None)
         if sig is not None:
-            self.files_state[str(path)] = [sig[0], sig[1], digest]
+            self.files_state[state_key(path)] = [sig[0], sig[1], digest]
             self._dirty = True
 
     # -- running ----------------------------------------------------------------------------------
