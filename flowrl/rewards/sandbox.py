@@ -2,37 +2,45 @@
 
 A pool of warm worker processes ("zygotes", one per core by default). Each zygote is a clean
 `python -I -S` started with `subprocess` (no inherited fds, no host environment, no site-packages)
-inside the strongest isolation that works here, and forks once per job. The isolation in use is
-the `isolation` attribute and is logged when the pool starts; it is never weakened silently.
+inside the strongest isolation that works here. At start-up, before any job exists, it forks a fork
+server; every job is a fork of that pristine copy, so no job's code, output or leftovers are in the
+memory another job starts from. The isolation in use is the `isolation` attribute and is logged when
+the pool starts; it is never weakened silently.
 
 Isolation levels, strongest first:
 
 * ``"bwrap"`` (bubblewrap): the zygote runs in new network, PID, IPC, UTS (and, when not root, user)
-  namespaces with the host's root file system mounted read-only, a private /tmp and /dev/shm, and
-  /root, /home and /run hidden under empty tmpfs mounts (the Python installation is bound back
-  read-only when it lives there).
-* ``"unshare"`` (util-linux): the same namespaces and mounts, built by `unshare` plus `mount`
-  (used when bwrap is missing or broken).
+  namespaces on a root file system of its own: /usr, /etc, /sys, the /bin and /lib links, the Python
+  installation and `python_path`, all read-only, a minimal read-only /dev, a private /tmp and
+  /dev/shm, and nothing else of the host (no /var, /run, /home, /root, /srv, /opt, project folders),
+  so no host unix socket outside those directories is there to connect to.
+* ``"unshare"`` (util-linux): the same namespaces and root, built by `unshare`, `mount` and
+  `pivot_root` (used when bwrap is missing or broken).
 * ``"rlimits"``: no namespaces at all; only the per-job limits below. Loudly logged; refuse it with
   ``require_isolation="bwrap"`` (or ``"unshare"``), or ``FLOWRL_SANDBOX_REQUIRE=bwrap``.
 
 Per job, at every level: a new session (the whole process group is killed at the end), wall-clock
 timeout, RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC,
-no_new_privs, stdin on /dev/null, stdout/stderr captured up to `max_output` bytes each, a fresh
-temporary working directory, an environment of PATH, HOME=/tmp, LANG and TMPDIR only. When flowrl
-runs as root, each job drops to uid/gid 65534 (`nobody`); inside a user namespace without a uid to
-drop to, it drops every capability. The zygote is not dumpable, so a job cannot open its pipes
-(to read the next job or forge a result) or ptrace it. With a PID namespace the zygote is the
-namespace's init: a job cannot kill it, and everything a job leaves behind is killed when it ends.
+RLIMIT_MSGQUEUE=0 (no POSIX message queues), no_new_privs, a seccomp filter that refuses the kernel
+keyrings (shared by every process of a uid), stdin on /dev/null, stdout/stderr captured up to
+`max_output` bytes each, a fresh temporary working directory, an environment of PATH, HOME=/tmp, LANG
+and TMPDIR only. When flowrl runs as root, each job drops to uid/gid 65534 (`nobody`); inside a user
+namespace without a uid to drop to, it drops every capability. The zygote and the fork server are not
+dumpable, so a job cannot open their pipes (to read the next job or forge a result) or ptrace them.
+With a PID namespace the zygote is the namespace's init: a job cannot kill it, and everything a job
+leaves behind is killed when it ends. Between two jobs of a worker (bwrap, unshare) its /tmp and
+/dev/shm are emptied and every System V IPC object is removed; a worker that cannot be cleaned is
+retired, never reused.
 
-What is NOT isolated: the rest of the file system is readable (e.g. /etc, /usr, /opt, /srv, a
-project checked out outside /home; add paths to `hide_paths`); there is no seccomp filter, so the
-whole kernel syscall surface is reachable (a kernel exploit escapes); CPU and memory are limited per
-process, not per job (no cgroups), and jobs running at the same moment share their uid's process
-budget; jobs see the host's CPU count and /sys; with ``"rlimits"`` there is no network, PID or mount
-isolation at all (a job can use the network, write wherever its uid may, and signal or ptrace other
-processes of its uid: when flowrl is not root, that is flowrl itself). This is a guard against
-accidents and ordinary hostile snippets, not a boundary against an attacker with a kernel exploit.
+What is NOT isolated: /usr, /etc and /sys are readable (add paths to `hide_paths`); the seccomp filter
+covers only the keyrings, so the rest of the kernel syscall surface is reachable (a kernel exploit
+escapes); CPU and memory are limited per process, not per job (no cgroups), and jobs running at the
+same moment share their uid's process budget; jobs see the host's CPU count and /sys; with
+``"rlimits"`` there is no network, PID, IPC or mount isolation at all (a job can use the network and
+the host's unix sockets, write wherever its uid may, leave System V IPC objects for later jobs, and
+signal or ptrace other processes of its uid: when flowrl is not root, that is flowrl itself). This is
+a guard against accidents and ordinary hostile snippets, not a boundary against an attacker with a
+kernel exploit.
 """
 
 from __future__ import annotations
@@ -60,7 +68,9 @@ STATUSES = ("ok", "error", "timeout", "oom", "killed", "infra_error")
 LANGUAGES = {"python": "python", "py": "python", "python3": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
 DEFAULT_PRELOAD = ("json", "math", "re", "collections", "itertools", "functools", "random", "string", "datetime")
 _WORKER_SOURCE = Path(__file__).with_name("sandbox_worker.py")
-_PIPELINE_MAX_CODE = 16 * 1024  # a bigger job is sent only to an idle worker (pipe buffers are 64 KiB)
+# A job queued behind a running one waits in the worker's pipe, unread (a pipe holds 64 KiB): a bigger
+# one is sent only to an idle worker, which reads it at once.
+_PIPELINE_MAX_CODE = 16 * 1024
 
 
 @dataclass
@@ -251,10 +261,15 @@ class Sandbox:
                 config = dict(self.config, **launch.config)
                 zygote = Worker(launch, config, self._state.spawner, self.start_timeout)
                 facts = self._start_zygote(zygote)
-                problem = check_facts(level, facts)
+                problem = check_facts(launch, facts)
                 if problem:
                     zygote.stop()
                     raise WorkerDied(problem)
+                if not facts.get("seccomp"):
+                    log.warning(
+                        "flowrl sandbox: this kernel refused a seccomp filter, so jobs can use the kernel keyrings "
+                        "(keyctl), which every job of the same uid shares"
+                    )
             except (WorkerDied, OSError) as exc:
                 failures.append(f"{level}: {exc}")
                 log.info("flowrl sandbox: %s isolation does not work here: %s", level, exc)
@@ -371,7 +386,7 @@ class Sandbox:
                         if not pending:
                             break
                         # a second job only when there is enough for every worker, and a small one
-                        if inflight and (len(pending) <= self.workers or len(pending[0][1].code) > _PIPELINE_MAX_CODE):
+                        if inflight and (len(pending) <= self.workers or _too_big_to_queue(pending[0][1].code)):
                             break
                         index, job = pending.popleft()
                     if self._state.closed:
@@ -395,7 +410,14 @@ class Sandbox:
                     results[index] = self._failed(job, self._lost(slot, exc, pending, lock, inflight))
                     continue
                 results[index] = self._result(reply, job)
-                if not inflight and slot.jobs >= self.recycle_after:
+                if reply.get("retire"):  # it could not clean up after this job: no job may run there again
+                    why = reply.get("reason") or reply.get("error") or "it could not clean up after the job"
+                    log.warning("flowrl sandbox: retiring a worker after a job: %s", why)
+                    with lock:
+                        pending.extendleft(reversed(inflight))
+                    inflight.clear()
+                    slot.stop()
+                elif not inflight and slot.jobs >= self.recycle_after:
                     slot.stop()  # a fresh worker for the next job
         finally:
             self._idle.put(slot)
@@ -434,6 +456,10 @@ class Sandbox:
         fields["language"] = job.language
         fields["isolation"] = self._isolation
         return ExecResult(**fields)
+
+
+def _too_big_to_queue(code: str) -> bool:
+    return len(code) > _PIPELINE_MAX_CODE or len(code.encode("utf-8")) > _PIPELINE_MAX_CODE
 
 
 def _nproc_limit(uid: int, budget: int) -> int:

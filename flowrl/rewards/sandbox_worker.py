@@ -1,21 +1,31 @@
-"""The zygote: a warm Python process that forks once per job. Run by `flowrl.rewards.sandbox` only.
+"""The zygote: a warm Python process whose pristine copy forks once per job. Run by
+`flowrl.rewards.sandbox` only.
 
 This file is executed as `python -I -S -c <this source>` (inside bubblewrap or unshare when available),
-so it must import nothing but the standard library and nothing of flowrl's. It speaks newline-delimited
-JSON on its stdin/stdout:
+so it must import nothing but the standard library and nothing of flowrl's. The host writes frames (8
+hex digits giving the length, then that much JSON), a job's frame followed by its code; the zygote
+answers with newline-delimited JSON:
 
-    host -> zygote   {"config": {...}}                       once, first line
-    zygote -> host   {"ready": true, "pid": .., "uid": .., "ifaces": [..], "root_writable": ..}
-    host -> zygote   {"id": 7, "language": "python"|"bash", "code": "...", "timeout": 2.0}
+    host -> zygote   {"config": {...}}                                      once, first
+    zygote -> host   {"ready": true, "pid": .., "uid": .., "ifaces": [..], "root_writable": .., "root": [..]}
+    host -> zygote   {"id": 7, "language": "python"|"bash", "timeout": 2.0, "size": 123} + 123 bytes of code
     zygote -> host   {"id": 7, "status": "ok"|"error"|"timeout"|"oom"|"killed"|"infra_error",
                       "exit_code": 0, "stdout": "...", "stderr": "...", "duration": 0.001, ...}
+    host -> zygote   {"cmd": "exit"}
 
-Per job it forks a child that: starts a new session (so the whole group can be killed), gets a fresh
+Two processes share the work. The zygote (init of the worker's PID namespace, when it has one) talks
+to the host, supervises each job's output and time, and cleans up after it; it never forks a job. The
+fork server, forked from it once at start-up before any job existed, forks each job and kills and
+reaps whatever the job leaves behind; it never sees a job's code (the job reads it from a memfd) nor
+its output. So every job is a copy of a process that no other job's code, output or leftovers ever
+entered. The job's fork starts a new session (so the whole group can be killed), gets a fresh
 temporary working directory, stdin on /dev/null, stdout/stderr on bounded pipes, a clean environment,
-rlimits (address space, CPU seconds, file size, open files, core 0, processes), no_new_privs, and,
-when the zygote runs as root, an unprivileged uid/gid (65534 by default) or else no capabilities.
-After the job every process the job left behind is killed: the whole PID namespace when the zygote is
-its init, else the process group plus every orphan reparented to the zygote (it is a subreaper).
+rlimits (address space, CPU seconds, file size, open files, core 0, processes, POSIX message queues 0),
+no_new_privs, a seccomp filter refusing the kernel keyrings, and, when the zygote runs as root, an
+unprivileged uid/gid (65534 by default) or else no capabilities. After the job every process it left
+behind is killed, its files are deleted and, in the worker's own IPC namespace, every System V object
+is removed. What cannot be cleaned retires the worker: the reply says "retire" and the zygote exits,
+taking its namespaces with it.
 """
 
 import _signal
@@ -32,6 +42,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -47,6 +58,8 @@ _SECBIT_NOROOT_ALL = 0x3 | 0x4 | 0x8 | 0x10 | 0x20  # NOROOT(+LOCKED), NO_SETUID
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _RESET_SIGNALS = (int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGCHLD))
 _SIG_DFL = int(signal.SIG_DFL)
+_IPC_RMID, _MSG_INFO, _SHM_INFO, _SEM_INFO = 0, 12, 14, 19
+_FORK_SERVER_GRACE = 5.0  # seconds the fork server has to report a job it was told to kill
 
 
 class _CapHeader(ctypes.Structure):
@@ -66,12 +79,66 @@ def _drop_all_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+# seccomp: the kernel keyring calls fail with ENOSYS in a job. A uid's keyrings belong to the kernel,
+# not to a namespace, so every job of every worker (all uid 65534) would share them.
+_KEYRING_CALLS = {  # audit arch: (add_key, request_key, keyctl)
+    0xC000003E: (248, 249, 250),  # x86_64 (its x32 calls, bit 30 set, are refused whole)
+    0x40000003: (286, 287, 288),  # i386, reachable from x86_64 by int 0x80
+    0xC00000B7: (217, 218, 219),  # aarch64
+    0x40000028: (309, 310, 311),  # arm, reachable from aarch64
+}
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _keyring_filter() -> bytes:
+    """The BPF program: keyring calls, x32 calls and ABIs not in the table get ENOSYS; all else runs."""
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, refuse = (ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.ENOSYS)
+    program = [(ld, 0, 0, 4)]  # seccomp_data.arch
+    for arch, calls in _KEYRING_CALLS.items():
+        tests = [(jge, 0x40000000)] if arch == 0xC000003E else []
+        tests += [(jeq, nr) for nr in calls]
+        refused = len(tests) + 2  # the body: load nr, the tests, allow, refuse
+        body = [(ld, 0, 0, 0)] + [(op, refused - i, 0, k) for i, (op, k) in enumerate(tests, 1)] + [allow, refuse]
+        program += [(jeq, 0, len(body), arch), *body]
+    program.append(refuse)
+    return b"".join(struct.pack("HBBI", *step) for step in program)
+
+
+def _install_filter(program: bytes) -> None:
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    if _LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
+
+
+def _filter_works(program: bytes) -> bool:
+    """Whether this kernel takes the filter (tried once, in a throwaway child)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the forked child
+        try:
+            _install_filter(program)
+            os._exit(0)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def _send(out_fd: int, obj: dict) -> None:
     data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
     view = memoryview(data)
     while view:
         n = os.write(out_fd, view)
         view = view[n:]
+
+
+class ForkServerLost(Exception):
+    """The fork server died or stopped answering: only a job that shares its uid can do that."""
 
 
 class Zygote:
@@ -90,8 +157,9 @@ class Zygote:
         self.devnull = os.open(os.devnull, os.O_RDWR)
         self.bash = config.get("bash") or shutil.which("bash") or "/bin/sh"
         self.maxfd = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.buffer = b""
         self.limits = self.static_limits()
+        program = _keyring_filter()
+        self.seccomp = program if _filter_works(program) else None
         # Our own environment is the jobs' (less TMPDIR): a child then changes one variable, not all.
         self.env = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
         os.environ.clear()
@@ -102,31 +170,61 @@ class Zygote:
             open(1, "w", closefd=False, encoding="utf-8", errors="backslashreplace"),
             open(2, "w", closefd=False, encoding="utf-8", errors="backslashreplace", buffering=1),
         )
+        self.server = None  # our end of the fork server's socket (a socket.socket once started)
+        self.server_pid = 0
+        self.dirty = False  # in the fork server: something the last job left would not die
 
-    # -- protocol ----------------------------------------------------------------------------------
-    def read_message(self):
-        while b"\n" not in self.buffer:
-            chunk = os.read(self.in_fd, 1 << 16)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)
-
-    def serve(self) -> None:
-        while True:
-            msg = self.read_message()
-            if msg is None or msg.get("cmd") == "exit":
-                return
+    def start_fork_server(self) -> None:
+        """Fork the fork server now, while nothing of any job is in our memory."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the fork server
+            status = 1
             try:
-                result = self.run_job(msg)
-            except Exception as exc:  # the zygote itself failed: report it, keep serving
-                result = {"status": "infra_error", "error": f"zygote: {type(exc).__name__}: {exc}"}
-            result["id"] = msg.get("id")
-            _send(self.out_fd, result)
+                ours.close()
+                os.close(self.in_fd)
+                os.close(self.out_fd)
+                _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a job leaves behind comes to us
+                self.fork_jobs(theirs)
+                status = 0
+            finally:
+                os._exit(status)
+        theirs.close()
+        self.server, self.server_pid = ours, pid
 
-    # -- one job -------------------------------------------------------------------------------------
-    def run_job(self, job: dict) -> dict:
+    # -- the zygote: the host's side -----------------------------------------------------------------
+    def serve(self) -> None:
+        try:
+            while True:
+                header = _read_frame(self.in_fd)
+                if header is None or header.get("cmd") == "exit":
+                    return
+                code = _read_exact(self.in_fd, int(header.get("size") or 0))
+                if code is None:
+                    return
+                try:
+                    result = self.run_job(header, code)
+                except ForkServerLost as exc:  # its namespace ends whatever the job left running
+                    result = {"status": "killed", "reason": str(exc), "retire": True}
+                except Exception as exc:  # the zygote itself failed: report it, then retire
+                    result = {"status": "infra_error", "error": f"zygote: {type(exc).__name__}: {exc}", "retire": True}
+                result["id"] = header.get("id")
+                _send(self.out_fd, result)
+                if result.get("retire"):
+                    return
+        finally:
+            self.server.close()  # the fork server ends the job it runs, if any, and exits
+            if not self.own_pid_ns:  # (with one, our exit ends every process in our namespace)
+                for _ in range(200):
+                    if os.waitpid(self.server_pid, os.WNOHANG)[0]:
+                        break
+                    time.sleep(0.01)
+                else:  # stopped by a job
+                    os.kill(self.server_pid, signal.SIGKILL)
+                    os.waitpid(self.server_pid, 0)
+                self.kill_orphans()
+
+    def run_job(self, job: dict, code: bytes) -> dict:
         language = job.get("language", "python")
         if language not in ("python", "bash"):
             return {"status": "infra_error", "error": f"unknown language {language!r}"}
@@ -134,149 +232,89 @@ class Zygote:
         workdir = tempfile.mkdtemp(prefix="job-", dir=self.tmp_root)
         if self.drop_uid is not None:
             os.chown(workdir, self.drop_uid, self.drop_gid)
+        code_fd = os.memfd_create("job", 0)  # the job reads its code here: the fork server never does
+        os.write(code_fd, code)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         # The child's note to us if setting it up fails. Closed before the job's own code runs (and
         # close-on-exec for bash), so nothing the job does can write "setup:" into it.
         st_r, st_w = os.pipe()
         start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the forked child
-            self.child(job.get("code", ""), language, timeout, workdir, out_w, err_w, st_w)
-        for fd in (out_w, err_w, st_w):
-            os.close(fd)
+        request = {"language": language, "timeout": timeout, "workdir": workdir}
         try:
-            return self.supervise(pid, start, timeout, out_r, err_r, st_r)
+            socket.send_fds(self.server, [json.dumps(request).encode()], [code_fd, out_w, err_w, st_w])
+        except OSError as exc:  # between jobs: not this job's doing
+            return {"status": "infra_error", "error": f"the fork server is gone: {exc}", "retire": True}
+        finally:
+            for fd in (code_fd, out_w, err_w, st_w):
+                os.close(fd)
+        try:
+            return self.supervise(start, timeout, out_r, err_r, st_r)
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
             self.cleanup(workdir)
 
-    def child(self, code, language, timeout, workdir, out_w, err_w, st_w) -> None:  # pragma: no cover
-        notes = st_w
-        try:
-            os.setsid()
-            os.dup2(self.devnull, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            notes = 3 if st_w == 3 else os.dup2(st_w, 3, inheritable=False)
-            os.closerange(4, self.maxfd)
-            for sig in _RESET_SIGNALS:  # _signal with ints: the enum wrappers of `signal` cost page faults
-                _signal.signal(sig, _SIG_DFL)
-            os.chdir(workdir)
-            self.apply_limits(timeout)
-            if self.drop_uid is not None:
-                os.setgroups([])
-                os.setresgid(self.drop_gid, self.drop_gid, self.drop_gid)
-                os.setresuid(self.drop_uid, self.drop_uid, self.drop_uid)
-            elif os.getuid() == 0:
-                _drop_all_capabilities()
-            if not self.own_pid_ns:
-                _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            os.environ["TMPDIR"] = workdir
-            if language == "bash":
-                _signal.signal(int(signal.SIGPIPE), _SIG_DFL)  # Python ignores these; a shell must not
-                _signal.signal(int(signal.SIGXFSZ), _SIG_DFL)
-                os.execve(self.bash, [os.path.basename(self.bash), "-c", code], dict(self.env, TMPDIR=workdir))
-            os.close(notes)
-        except BaseException as exc:
-            try:
-                os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
-            finally:
-                os._exit(125)
-        os._exit(_run_python(code, self.stdio))
-
-    def static_limits(self) -> list:
-        """The rlimits every job gets (all but CPU time), capped by the hard limits we have."""
-        limits = [(resource.RLIMIT_CORE, 0)]
-        for key, which in (
-            ("memory_bytes", resource.RLIMIT_AS),
-            ("max_file_size", resource.RLIMIT_FSIZE),
-            ("max_open_files", resource.RLIMIT_NOFILE),
-            ("nproc", resource.RLIMIT_NPROC),
-        ):
-            if self.cfg.get(key):
-                limits.append((which, int(self.cfg[key])))
-        capped = []
-        for which, value in limits:
-            hard = resource.getrlimit(which)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            capped.append((which, (value, value)))
-        return capped
-
-    def apply_limits(self, timeout: float) -> None:  # pragma: no cover - runs in the forked child
-        cpu_soft = max(1, math.ceil(self.cfg.get("cpu_time") or timeout))
-        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-        if hard != resource.RLIM_INFINITY:
-            cpu_soft = min(cpu_soft, hard - 1) if hard > 1 else hard
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_soft + 1 if hard == resource.RLIM_INFINITY else hard))
-        for which, pair in self.limits:
-            resource.setrlimit(which, pair)
-
-    def supervise(self, pid, start, timeout, out_r, err_r, st_r) -> dict:
-        """Collect the job's output until its main process exits or time runs out; then kill
-        everything it left behind and say what happened."""
+    def supervise(self, start, timeout, out_r, err_r, st_r) -> dict:
+        """Collect the job's output until the fork server says it is over (its main process exited,
+        and everything it left behind is dead) or time runs out; then say what happened."""
         deadline = start + timeout
         streams = {out_r: bytearray(), err_r: bytearray()}
         totals = {out_r: 0, err_r: 0}
         poller = select.poll()
-        for fd in (out_r, err_r, self.in_fd):
+        for fd in (out_r, err_r, self.server.fileno()):
             poller.register(fd, select.POLLIN)
-        try:
-            pidfd = os.pidfd_open(pid)
-            poller.register(pidfd, select.POLLIN)
-        except (AttributeError, OSError):
-            pidfd = None
-        open_fds = {out_r, err_r}
-        exited = timed_out = output_killed = False
-        while not exited and not output_killed:
+        poller.register(self.in_fd, 0)  # hang-up only: what the host queued next is not ours to read
+        timed_out = output_killed = False
+        killed_at = None
+        report = None
+        while report is None:
             now = time.monotonic()
-            if now >= deadline:
-                timed_out = True
-                break
-            if pidfd is None or not open_fds:  # no pidfd, or the job closed its outputs: ask
-                exited = _exited(pid)
-                wait = min(deadline - now, 0.01)
-            else:
-                wait = deadline - now
-            for fd, _ev in poller.poll(max(1, math.ceil(wait * 1000))):
-                if fd == pidfd:
-                    exited = True
-                elif fd == self.in_fd:  # the host wrote (keep it for later) or went away (stop now)
-                    data = _read(fd)
-                    if not data:
-                        self.kill_job(pid)
-                        os._exit(0)
-                    self.buffer += data
+            if killed_at is None and (now >= deadline or output_killed):
+                timed_out = not output_killed
+                killed_at = now
+                self.ask_fork_server({"op": "kill"})
+            limit = deadline if killed_at is None else killed_at + _FORK_SERVER_GRACE
+            if now >= limit:
+                raise ForkServerLost("the job stopped its fork server")
+            for fd, _ev in poller.poll(max(1, math.ceil((limit - now) * 1000))):
+                if fd == self.server.fileno():
+                    report = self.server.recv(4096)
+                    if not report:
+                        raise ForkServerLost("the job killed its fork server")
+                elif fd == self.in_fd:  # the host went away: our namespace (or the fork server) ends the job
+                    os._exit(0)
                 elif chunk := _read(fd):
                     output_killed |= self.keep(streams[fd], chunk, totals, fd)
                 else:
                     poller.unregister(fd)
-                    open_fds.discard(fd)
-        self.kill_job(pid)
-        for fd in open_fds:  # the job is dead: take what is left in its pipes
+        ended = json.loads(report)
+        if "error" in ended:
+            return {"status": "infra_error", "error": ended["error"]}
+        for fd in (out_r, err_r):  # everything of the job is dead: take what is left in its pipes
             while chunk := _read(fd, block=False):
                 self.keep(streams[fd], chunk, totals, fd)
-        _, status, usage = os.wait4(pid, 0)
-        if pidfd is not None:
-            os.close(pidfd)
-        if self.own_pid_ns:
-            self.empty_namespace()
-        else:
-            self.kill_orphans()
         out, err = streams[out_r], streams[err_r]
         result = {
-            "exit_code": os.waitstatus_to_exitcode(status),  # -N when killed by signal N
+            "exit_code": os.waitstatus_to_exitcode(ended["status"]),  # -N when killed by signal N
             "stdout": bytes(out).decode("utf-8", "replace"),
             "stderr": bytes(err).decode("utf-8", "replace"),
             "stdout_truncated": totals[out_r] > len(out),
             "stderr_truncated": totals[err_r] > len(err),
             "duration": round(time.monotonic() - start, 6),
-            "cpu_time": round(usage.ru_utime + usage.ru_stime, 6),
+            "cpu_time": round(ended["cpu_time"], 6),
         }
         notes = _read(st_r, block=False).decode("utf-8", "replace")
         result.update(self.verdict(result, timeout, timed_out, output_killed, notes))
+        if not ended["clean"] or not self.wipe_ipc():
+            result["retire"] = True
         return result
+
+    def ask_fork_server(self, request: dict) -> None:
+        try:
+            self.server.send(json.dumps(request).encode())
+        except OSError as exc:
+            raise ForkServerLost(f"the job killed its fork server: {exc}") from exc
 
     def keep(self, buf: bytearray, chunk: bytes, totals: dict, fd: int) -> bool:
         """Keep the first `max_output` bytes of a stream; True once it is past `output_kill`."""
@@ -301,6 +339,76 @@ class Zygote:
             return {"status": "oom", "reason": "memory limit"}
         return {"status": "ok" if rc == 0 else "error" if rc > 0 else "killed"}
 
+    def wipe_ipc(self) -> bool:
+        """Remove every System V object (shared memory, semaphores, message queues) the job left in
+        our IPC namespace; True when none is left. Only its creator (or CAP_SYS_ADMIN, which we lack)
+        may remove one, so we take the job's uid for it."""
+        if not self.cfg.get("own_ipc_ns"):
+            return True  # rlimits: the host's IPC namespace is not ours to empty (see the docs)
+        if not _sysv_in_use():
+            return True
+        if self.drop_uid is not None:
+            os.setresuid(-1, self.drop_uid, -1)
+        try:
+            for kind, ident in _sysv_objects():
+                if kind == "shm":
+                    _LIBC.shmctl(ident, _IPC_RMID, None)
+                elif kind == "sem":
+                    _LIBC.semctl(ident, 0, _IPC_RMID, 0)
+                else:
+                    _LIBC.msgctl(ident, _IPC_RMID, None)
+        finally:
+            if self.drop_uid is not None:
+                os.setresuid(-1, 0, -1)
+        return not _sysv_objects()
+
+    def cleanup(self, workdir: str) -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if self.private_tmp:  # /tmp and /dev/shm are ours alone: leave nothing for the next job
+            for root in (self.tmp_root, "/dev/shm"):
+                try:
+                    names = os.listdir(root)
+                except OSError:
+                    continue
+                for name in names:
+                    path = os.path.join(root, name)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+
+    def static_limits(self) -> list:
+        """The rlimits every job gets (all but CPU time), capped by the hard limits we have."""
+        # RLIMIT_MSGQUEUE 0: a job cannot create a POSIX message queue (the kernel counts a queue's
+        # whole size against it, with no exemption), so none can outlive it for the next job to open.
+        limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_MSGQUEUE, 0)]
+        for key, which in (
+            ("memory_bytes", resource.RLIMIT_AS),
+            ("max_file_size", resource.RLIMIT_FSIZE),
+            ("max_open_files", resource.RLIMIT_NOFILE),
+            ("nproc", resource.RLIMIT_NPROC),
+        ):
+            if self.cfg.get(key):
+                limits.append((which, int(self.cfg[key])))
+        capped = []
+        for which, value in limits:
+            hard = resource.getrlimit(which)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            capped.append((which, (value, value)))
+        return capped
+
+    def apply_limits(self, timeout: float) -> None:  # pragma: no cover - runs in the forked child
+        cpu_soft = max(1, math.ceil(self.cfg.get("cpu_time") or timeout))
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        if hard != resource.RLIM_INFINITY:
+            cpu_soft = min(cpu_soft, hard - 1) if hard > 1 else hard
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_soft + 1 if hard == resource.RLIM_INFINITY else hard))
+        for which, pair in self.limits:
+            resource.setrlimit(which, pair)
+
     def kill_job(self, pid: int) -> None:
         """Kill the job's process group and, in our own PID namespace, everything else in it."""
         try:
@@ -309,22 +417,25 @@ class Zygote:
             pass
         if self.own_pid_ns:
             try:
-                os.kill(-1, signal.SIGKILL)  # everything in our namespace but us, its init
+                os.kill(-1, signal.SIGKILL)  # everything in our namespace but us and its init
             except OSError:
                 pass
 
     def empty_namespace(self) -> None:
-        """As init of our PID namespace: kill and reap until we are alone in it (a fork bomb may fork
-        while the first kill(-1) walks the process list)."""
+        """In our own PID namespace: kill and reap until only the zygote (its init) and we are left (a
+        fork bomb may fork while the first kill(-1) walks the process list). Orphans come to us, a
+        subreaper, to be reaped; what will not die leaves us dirty."""
+        alone = {"1", str(os.getpid())}
         for _ in range(1000):
             self.reap_orphans()
-            if not any(name.isdigit() and name != "1" for name in os.listdir("/proc")):
+            if not any(name.isdigit() and name not in alone for name in os.listdir("/proc")):
                 return
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
             time.sleep(0.001)
+        self.dirty = True
 
     def kill_orphans(self) -> None:
         """Without a PID namespace: kill what escaped the job's process group (its own session, say).
@@ -356,6 +467,7 @@ class Zygote:
                     os.waitpid(child, 0)
                 except ChildProcessError:
                     pass
+        self.dirty = True
 
     def reap_orphans(self) -> None:
         while True:
@@ -366,23 +478,148 @@ class Zygote:
             if pid == 0:
                 return
 
-    def cleanup(self, workdir: str) -> None:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if self.private_tmp:  # /tmp and /dev/shm are ours alone: leave nothing for the next job
-            for root in (self.tmp_root, "/dev/shm"):
-                try:
-                    names = os.listdir(root)
-                except OSError:
-                    continue
-                for name in names:
-                    path = os.path.join(root, name)
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        try:
-                            os.unlink(path)
-                        except OSError:
-                            pass
+    # -- the fork server ----------------------------------------------------------------------------
+    def fork_jobs(self, server: socket.socket) -> None:  # pragma: no cover - runs in the fork server
+        """Fork each job the zygote asks for; when its main process exits or the zygote says so, kill
+        everything the job left behind and report how it ended. Ends when the zygote does."""
+        while True:
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(server, 4096, 4)
+            except OSError:
+                return
+            if not message:
+                return
+            request = json.loads(message)
+            if request.get("op") == "kill" or len(fds) != 4:  # late: the job it meant has ended
+                for fd in fds:
+                    os.close(fd)
+                continue
+            code_fd, out_w, err_w, st_w = fds
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                pid = -1
+                server.send(json.dumps({"error": f"fork server: cannot fork the job: {exc}"}).encode())
+            if pid == 0:
+                self.child(code_fd, request["language"], request["timeout"], request["workdir"], out_w, err_w, st_w)
+            for fd in fds:
+                os.close(fd)
+            if pid < 0:
+                continue
+            gone = self.watch(pid, server)
+            self.kill_job(pid)
+            _, status, usage = os.wait4(pid, 0)
+            if self.own_pid_ns:
+                self.empty_namespace()
+            else:
+                self.kill_orphans()
+            if gone:
+                return
+            ended = {"status": status, "cpu_time": usage.ru_utime + usage.ru_stime, "clean": not self.dirty}
+            server.send(json.dumps(ended).encode())
+
+    def watch(self, pid: int, server: socket.socket) -> bool:  # pragma: no cover - runs in the fork server
+        """Wait until the job's main process exits or the zygote asks to kill it; True when the zygote
+        is gone."""
+        poller = select.poll()
+        poller.register(server.fileno(), select.POLLIN)
+        try:
+            pidfd = os.pidfd_open(pid)
+            poller.register(pidfd, select.POLLIN)
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            while True:
+                for fd, _ev in poller.poll(-1 if pidfd is not None else 10):
+                    if fd == pidfd:
+                        return False
+                    return not server.recv(4096)  # "kill", or the zygote is gone
+                if pidfd is None and _exited(pid):
+                    return False
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def child(self, code_fd, language, timeout, workdir, out_w, err_w, st_w) -> None:  # pragma: no cover
+        notes = st_w
+        try:
+            code = os.pread(code_fd, os.fstat(code_fd).st_size, 0).decode("utf-8", "replace")
+            os.setsid()
+            os.dup2(self.devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            notes = 3 if st_w == 3 else os.dup2(st_w, 3, inheritable=False)
+            os.closerange(4, self.maxfd)
+            for sig in _RESET_SIGNALS:  # _signal with ints: the enum wrappers of `signal` cost page faults
+                _signal.signal(sig, _SIG_DFL)
+            os.chdir(workdir)
+            self.apply_limits(timeout)
+            if self.drop_uid is not None:
+                os.setgroups([])
+                os.setresgid(self.drop_gid, self.drop_gid, self.drop_gid)
+                os.setresuid(self.drop_uid, self.drop_uid, self.drop_uid)
+            elif os.getuid() == 0:
+                _drop_all_capabilities()
+            if not self.own_pid_ns:
+                _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if self.seccomp is not None:
+                _install_filter(self.seccomp)
+            os.environ["TMPDIR"] = workdir
+            if language == "bash":
+                _signal.signal(int(signal.SIGPIPE), _SIG_DFL)  # Python ignores these; a shell must not
+                _signal.signal(int(signal.SIGXFSZ), _SIG_DFL)
+                os.execve(self.bash, [os.path.basename(self.bash), "-c", code], dict(self.env, TMPDIR=workdir))
+            os.close(notes)
+        except BaseException as exc:
+            try:
+                os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
+            finally:
+                os._exit(125)
+        os._exit(_run_python(code, self.stdio))
+
+
+def _sysv_in_use() -> bool:
+    """Whether our IPC namespace holds any System V object: three system calls, no files read."""
+    info = ctypes.create_string_buffer(256)
+    used = 0
+    for call, op, offset in ((_LIBC.shmctl, _SHM_INFO, 0), (_LIBC.msgctl, _MSG_INFO, 0)):
+        if call(0, op, info) < 0:
+            return True  # cannot tell: look
+        used += int.from_bytes(info.raw[offset : offset + 4], sys.byteorder)
+    if _LIBC.semctl(0, 0, _SEM_INFO, info) < 0:
+        return True
+    return used + int.from_bytes(info.raw[28:32], sys.byteorder) > 0  # shm used_ids, msgpool, semusz
+
+
+def _sysv_objects() -> list[tuple[str, int]]:
+    """Every System V IPC object of our IPC namespace, as (kind, id)."""
+    found = []
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:  # a kernel without System V IPC
+            continue
+        found += [(kind, int(row.split()[1])) for row in rows if row.strip()]
+    return found
+
+
+def _read_exact(fd: int, size: int):
+    """Exactly `size` bytes from the host, None at its end: never a byte of what follows them."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _read_frame(fd: int):
+    """One message from the host: 8 hex digits of length, then that much JSON; None at its end."""
+    size = _read_exact(fd, 8)
+    body = _read_exact(fd, int(size, 16)) if size is not None else None
+    return json.loads(body) if body is not None else None
 
 
 def _exited(pid: int) -> bool:
@@ -456,7 +693,7 @@ def _print_exception() -> None:  # pragma: no cover - runs in the forked child
             pass
 
 
-def _facts() -> dict:
+def _facts(zygote: Zygote) -> dict:
     """What this zygote sees: the host checks it against the isolation it asked for."""
     try:
         ifaces = sorted(name for _, name in socket.if_nameindex())
@@ -468,7 +705,9 @@ def _facts() -> dict:
         "uid": os.getuid(),
         "ifaces": ifaces,
         "root_writable": os.access("/", os.W_OK),
+        "root": sorted(os.listdir("/")),
         "python": sys.version.split()[0],
+        "seccomp": zygote.seccomp is not None,
     }
 
 
@@ -500,14 +739,10 @@ def main() -> None:
     # no_new_privs for us and so for every job (inherited over fork and exec): no set-uid binary or
     # file capability can raise a job's privileges.
     _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    buffer = b""
-    while b"\n" not in buffer:
-        chunk = os.read(in_fd, 1 << 16)
-        if not chunk:
-            return
-        buffer += chunk
-    line, _, rest = buffer.partition(b"\n")
-    config = json.loads(line)["config"]
+    first = _read_frame(in_fd)
+    if first is None:
+        return
+    config = first["config"]
     if not config.get("own_pid_ns"):
         _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if config.get("die_with_parent"):
@@ -524,8 +759,8 @@ def main() -> None:
     zygote = Zygote(in_fd, out_fd, config)
     gc.collect()
     gc.freeze()  # the children's collector then leaves the zygote's objects (and their pages) alone
-    zygote.buffer = rest
-    _send(out_fd, _facts())
+    zygote.start_fork_server()
+    _send(out_fd, _facts(zygote))
     zygote.serve()
 
 
