@@ -19,14 +19,17 @@ Rules (reference flowagent-0.1.28 §7):
 
 from __future__ import annotations
 
-from datetime import datetime
+import datetime
 from typing import Any
 
 from flowrl.capture.recorder import RunRecord
+from flowrl.capture.registration import DEFAULT_MAX_CHARS
+from flowrl.capture.values import Values, type_name, unserialisable
 from flowrl.facts import reported_success, tool_failed
 from flowrl.transcript import (
-    canonical_messages,
+    canonical_message,
     complete_messages,
+    dedup_tool_results,
     field_of,
     final_answer_args,
     parse_arguments,
@@ -37,13 +40,22 @@ ERROR_TEXT_CHARS = 500
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts).isoformat()
+    return datetime.datetime.fromtimestamp(ts).isoformat()
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else str(value)
+# -- captured values -> JSON, one value at a time --------------------------------------------------
+
+def _judged(v: Values, raw: Any, result: str) -> Any:
+    """What a tool's success is judged by (`flowrl.facts.tool_failed`): its result as JSON data (a string
+    result is its text, already made)."""
+    return result if isinstance(raw, str) or raw is None else v.plain(raw)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == raises is not the same
+        return False
 
 
 def _judge(result: str, raw: Any, exc: str | None) -> tuple[bool, str | None]:
@@ -55,37 +67,56 @@ def _judge(result: str, raw: Any, exc: str | None) -> tuple[bool, str | None]:
 
 
 class _Builder:
-    def __init__(self, rec: RunRecord) -> None:
+    def __init__(self, rec: RunRecord, values: Values) -> None:
         self.rec = rec
+        self.v = values
         self.calls: list[tuple[float, dict[str, Any]]] = []
         self.reasoning: list[dict[str, Any]] = []
         self.think_ids: set[Any] = set()
         self.seen_ids: set[Any] = set()
         self.final_args: dict[str, Any] | None = None
+        self.unreadable_messages = 0  # transcript entries that are not messages (left out, counted)
 
     def ts(self, t0: float | None) -> str:
         rec = self.rec
         return _iso(rec.wall0 + ((t0 or rec.perf0) - rec.perf0))
 
+    def call_id(self, value: Any) -> str | None:
+        return None if value is None else self.v.text(value)
+
+    def arguments(self, raw: Any) -> Any:
+        """A call's arguments (`parse_arguments`), as JSON data. Text too long to keep whole is kept as
+        (cut) text, not parsed: parsing it would hold the writer for as long as it is."""
+        v = self.v
+        if isinstance(raw, str) and v.limit is not None and len(raw) > v.limit:
+            return v.string(raw)
+        try:
+            parsed = parse_arguments(raw)
+        except BaseException:
+            parsed = raw
+        return v.plain(parsed)
+
     def add_reasoning(self, call_id: Any, args: Any, result: str) -> None:
         if call_id is not None and call_id in self.think_ids:
             return
         self.think_ids.add(call_id)
-        thought = args.get("thought", "") if isinstance(args, dict) else _text(args)
+        thought = args.get("thought", "") if isinstance(args, dict) else self.v.text(args)
         self.reasoning.append({"step_type": "internal_reasoning", "content": f"THOUGHT: {thought}\nASSESSMENT: {result}",
                                "call_id": call_id, "thought": thought})
 
-    def add_call(self, t0: float | None, name: str, args: Any, result: str, raw: Any, exc: str | None,
-                 dur: float | None, call_id: Any, layer: str, **extra: Any) -> None:
+    def add_call(self, t0: float | None, name: str, args: Any, result: str, raw: Any, exc: Any,
+                 dur: float | None, call_id: str | None, layer: str, **extra: Any) -> None:
+        """One tool call; `args` and `raw` are JSON data already, `exc` is text (or an ErrorText)."""
         if name == "final_answer":
             if isinstance(args, dict):
                 self.final_args = args
             return
         if call_id is not None:
             self.seen_ids.add(call_id)
-        if name == "think" and exc is None:
+        error_text = self.v.text(exc) if exc else None
+        if name == "think" and error_text is None:
             self.add_reasoning(call_id, args, result)
-        success, error = _judge(result, raw, exc)
+        success, error = _judge(result, raw, error_text)
         entry = {"tool_name": name, "arguments": args, "result": result, "success": success,
                  "duration_ms": round((dur or 0.0) * 1000.0, 3), "error": error, "timestamp": self.ts(t0),
                  "call_id": call_id, "layer": layer, **extra}
@@ -93,49 +124,83 @@ class _Builder:
 
     # -- events -----------------------------------------------------------------------------------
     def engine_tool(self, ev: dict[str, Any]) -> None:
-        name, raw_args, call_id = tool_call_parts(ev.get("tc"))
-        args = parse_arguments(raw_args)
+        v = self.v
+        tc = ev.get("tc")
+        try:
+            name, raw_args, call_id = tool_call_parts(tc)
+        except Exception as err:  # a name or id whose str() raises
+            name, raw_args, call_id = unserialisable(type_name(tc), f"reading it raised {type_name(err)}"), None, None
         out = ev.get("out")
         result = out[0] if isinstance(out, tuple) and len(out) == 2 else out
         fn = ev.get("fn")
         extra: dict[str, Any] = {}
         exc = ev.get("exc")
-        if fn is not None and fn.get("name") == name:
+        if fn is not None and _same(fn.get("name"), name):
             if fn.get("dur") is not None:
                 extra["function_duration_ms"] = round(fn["dur"] * 1000.0, 3)
             if fn.get("exc"):
-                extra["function_error"] = fn["exc"]
+                extra["function_error"] = v.text(fn["exc"])
                 exc = exc or fn["exc"]
         elif fn is not None:  # a different tool ran inside this one: its own call
             self.function_tool(fn)
-        self.add_call(ev.get("t0"), name, args, _text(result), None, exc, ev.get("dur"), call_id, "engine", **extra)
+        self.add_call(ev.get("t0"), v.text(name), self.arguments(raw_args), v.text(result), None, exc, ev.get("dur"),
+                      self.call_id(call_id), "engine", **extra)
 
     def function_tool(self, ev: dict[str, Any]) -> None:
+        v = self.v
         raw = ev.get("raw")
-        kw = {k: v for k, v in (ev.get("kw") or {}).items() if k != "function_name"}
-        self.add_call(ev.get("t0"), _text(ev.get("name")), kw, _text(raw), raw, ev.get("exc"), ev.get("dur"),
-                      None, "function")
+        kw = {k: val for k, val in (ev.get("kw") or {}).items() if k != "function_name"}
+        result = v.text(raw)
+        self.add_call(ev.get("t0"), v.text(ev.get("name")), v.plain(kw), result, _judged(v, raw, result),
+                      ev.get("exc"), ev.get("dur"), None, "function")
 
     def generic_tool(self, ev: dict[str, Any]) -> None:
+        v = self.v
         name, arguments = generic_call_arguments(ev)
         raw = ev.get("raw")
-        self.add_call(ev.get("t0"), _text(name), arguments, _text(raw), raw, ev.get("exc"), ev.get("dur"),
-                      None, "generic")
+        result = v.text(raw)
+        self.add_call(ev.get("t0"), v.text(name), v.plain(arguments), result, _judged(v, raw, result),
+                      ev.get("exc"), ev.get("dur"), None, "generic")
 
     def stream_tools(self) -> None:
+        v = self.v
         starts: dict[Any, tuple[float, dict[str, Any]]] = {}
         for t, chunk in self.rec.chunks:
             kind = chunk.get("type")
             if kind == "tool_start":
-                starts[chunk.get("id")] = (t, chunk)
+                starts[self.call_id(chunk.get("id"))] = (t, chunk)
             elif kind == "tool_result":
-                call_id = chunk.get("id")
+                call_id = self.call_id(chunk.get("id"))
                 if call_id in self.seen_ids:
                     continue
                 t0, start = starts.get(call_id, (t, {}))
-                name = _text(chunk.get("name") or start.get("name"))
-                self.add_call(t0, name, parse_arguments(start.get("args")), _text(chunk.get("result")), None, None,
-                              t - t0, call_id, "stream")
+                name = v.text(chunk.get("name") or start.get("name"))
+                self.add_call(t0, name, self.arguments(start.get("args")), v.text(chunk.get("result")), None,
+                              None, t - t0, call_id, "stream")
+
+    def messages(self, raw: Any) -> list[dict[str, Any]]:
+        """The agent's own transcript in canonical form, as JSON data, one message at a time: a message
+        that cannot be made canonical as it is, is made so from its JSON data; one that is not a dict
+        then is left out (counted in metadata `unreadable_messages`)."""
+        v = self.v
+        try:
+            messages = dedup_tool_results(list(raw))
+        except BaseException:
+            messages = list(raw) if isinstance(raw, list) else []
+        out = []
+        for message in messages:
+            try:
+                done = v.plain(canonical_message(message))
+            except BaseException:
+                try:
+                    done = canonical_message(v.plain(message))
+                except BaseException:
+                    done = None
+            if isinstance(done, dict):
+                out.append(done)
+            else:
+                self.unreadable_messages += 1
+        return out
 
 
 NAME_PARAMS = ("name", "tool", "tool_name", "function_name", "tool_id")
@@ -180,11 +245,11 @@ def generic_call_arguments(ev: dict[str, Any]) -> tuple[Any, Any]:
     return name, arguments
 
 
-def _llm_output(out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
+def _llm_output(v: Values, out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
     if out is None or callable(out):
         return None, None
     if isinstance(out, str):
-        return out, None
+        return v.string(out), None
     content = field_of(out, "content")
     raw_calls = field_of(out, "tool_calls")
     if content is None and raw_calls is None:  # a whole response: OpenAI-style choices, Ollama's message
@@ -195,22 +260,29 @@ def _llm_output(out: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
             if content is None and raw_calls is None:
                 return None, None
     if content is None and raw_calls is None:
-        return str(out), None
+        return v.text(out), None
     calls = None
     if raw_calls:
         calls = []
         for tc in raw_calls:
             name, args, call_id = tool_call_parts(tc)
-            calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": _text(args)}})
-    return (None if content is None else _text(content)), calls
+            calls.append({"id": None if call_id is None else v.text(call_id), "type": "function",
+                          "function": {"name": v.text(name), "arguments": v.text(args)}})
+    return (None if content is None else v.text(content)), calls
 
 
-def _llm_call(ev: dict[str, Any]) -> dict[str, Any]:
+def _llm_call(ev: dict[str, Any], v: Values | None = None) -> dict[str, Any]:
     from flowrl.capture.tokens import token_info
 
+    v = v or Values()
     out = ev.get("out")
-    output, calls = _llm_output(out)
-    entry: dict[str, Any] = {"model": ev.get("model"), "tokens_in": ev.get("tin"), "tokens_out": ev.get("tout"),
+    try:
+        output, calls = _llm_output(v, out)
+    except BaseException:  # an attribute that raises: the output as text
+        output, calls = v.text(out), None
+    model = ev.get("model")
+    entry: dict[str, Any] = {"model": None if model is None else v.text(model), "tokens_in": ev.get("tin"),
+                             "tokens_out": ev.get("tout"),
                              "latency_ms": None if ev.get("dur") is None else round(ev["dur"] * 1000.0, 3),
                              "output": output, "stream": bool(ev.get("stream"))}
     if calls:
@@ -218,23 +290,28 @@ def _llm_call(ev: dict[str, Any]) -> dict[str, Any]:
     if ev.get("cost") is not None:
         entry["cost"] = ev["cost"]
     if ev.get("exc"):
-        entry["error"] = ev["exc"]
+        entry["error"] = v.text(ev["exc"])
     tokens = None if entry["stream"] else token_info(out)  # a stream's last chunk holds only its own ids
     if tokens is not None:
         entry.update(tokens.fields())
     return entry
 
 
-def _tools_offered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tools_offered(v: Values, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for ev in events:
-        tools = ev.get("kw", {}).get("tools") if ev.get("k") == "llm" else None
-        for tool in tools or ():
-            if isinstance(tool, dict):
-                name = field_of(tool.get("function") or {}, "name") or tool.get("name")
-                if name and name not in seen:
-                    seen[name] = tool
-    return list(seen.values())
+        tools = (ev.get("kw") or {}).get("tools") if ev.get("k") == "llm" else None
+        if not isinstance(tools, (list, tuple)):  # never iterate what could be the host's generator
+            continue
+        for tool in tools:
+            try:
+                if isinstance(tool, dict):
+                    name = field_of(tool.get("function") or {}, "name") or tool.get("name")
+                    if isinstance(name, str) and name and name not in seen:
+                        seen[name] = v.plain(tool)
+            except BaseException:
+                continue
+    return [tool for tool in seen.values() if isinstance(tool, dict)]
 
 
 def complete_trace(data: dict[str, Any]) -> dict[str, Any]:
@@ -259,70 +336,82 @@ def _reasoning_from_messages(b: _Builder, messages: list[dict[str, Any]]) -> Non
                 thoughts[call_id] = parse_arguments(args)
         if msg.get("role") == "tool" and msg.get("name") == "think":
             call_id = msg.get("tool_call_id")
-            b.add_reasoning(call_id, thoughts.get(call_id, {}), _text(msg.get("content")))
+            b.add_reasoning(call_id, thoughts.get(call_id, {}), b.v.text(msg.get("content")))
+
+
+def values_for(hook: Any) -> Values:
+    """The `Values` of one build: the hook's `max_chars`, and its edge masker when it masks."""
+    reg = getattr(hook, "registration", None)
+    return Values(getattr(reg, "max_chars", DEFAULT_MAX_CHARS), getattr(reg, "premask", None))
 
 
 def build_trace(rec: RunRecord) -> dict[str, Any]:
+    """The trace dict of a finished run, every value in it JSON data (`Values`): a value that cannot be
+    written is marked, never the whole trace lost for it."""
     hook = rec.hook
-    b = _Builder(rec)
+    v = values_for(hook)
+    b = _Builder(rec, v)
     events = list(rec.events)
+    handlers = {"engine": b.engine_tool, "fn": b.function_tool}
+    llm_calls = []
     for ev in events:
         kind = ev.get("k")
         if kind == "tool":
-            src = ev.get("src")
-            if src == "engine":
-                b.engine_tool(ev)
-            elif src == "fn":
-                b.function_tool(ev)
-            else:
-                b.generic_tool(ev)
+            handlers.get(ev.get("src"), b.generic_tool)(ev)
+        elif kind == "llm":
+            llm_calls.append(_llm_call(ev, v))
     b.stream_tools()
     b.calls.sort(key=lambda pair: pair[0])
     tool_calls = [entry for _, entry in b.calls]
-    llm_calls = [_llm_call(ev) for ev in events if ev.get("k") == "llm"]
 
     chunks = {c.get("type"): c for _, c in rec.chunks if c.get("type") in ("final_answer", "done", "error")}
     final = rec.result
     if final is None and rec.method != "a_run":
         final = field_of(chunks.get("done"), "final_answer") or field_of(chunks.get("final_answer"), "answer")
-    final_text = _text(final)
+    final_text = v.text(final)
 
     messages: list[dict[str, Any]] | None = None  # None: rebuilt by complete_trace() once masked
     if rec.messages is not None:
-        messages = canonical_messages(rec.messages)
+        messages = b.messages(rec.messages)
         _reasoning_from_messages(b, messages)
 
-    fa = (final_answer_args(messages) if messages is not None else None) or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) \
-        or b.final_args or {}
+    fa = (final_answer_args(messages) if messages is not None else None) \
+        or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) or b.final_args or {}
     fa_success = fa.get("success") if isinstance(fa.get("success"), bool) else None
     done_success = field_of(chunks.get("done"), "success")
 
-    status = rec.status
-    success = False if rec.exc is not None else reported_success(
-        answers=(fa.get("answer"), final_text), status=status, final_answer_success=fa_success, reported=done_success)
+    status = None if rec.status is None else v.text(rec.status)
+    error = None if rec.exc is None else v.text(rec.exc)
+    success = False if error is not None else reported_success(
+        answers=(v.plain(fa.get("answer")), final_text), status=status, final_answer_success=fa_success,
+        reported=done_success)
 
     tins = [c["tokens_in"] for c in llm_calls if isinstance(c.get("tokens_in"), (int, float))]
     touts = [c["tokens_out"] for c in llm_calls if isinstance(c.get("tokens_out"), (int, float))]
     costs = [c["cost"] for c in llm_calls if isinstance(c.get("cost"), (int, float))]
     timestamp = _iso(rec.wall0)
-    task = {"task_id": rec.run_id or "", "type": "execution_run", "description": _text(rec.query), "timestamp": timestamp}
-    metadata = {"adapter": rec.adapter, "method": rec.method, **hook.metadata, **rec.meta}
+    run_id = None if rec.run_id is None else v.text(rec.run_id)
+    query = v.text(rec.query)
+    task = {"task_id": run_id or "", "type": "execution_run", "description": query, "timestamp": timestamp}
+    metadata = v.plain({"adapter": rec.adapter, "method": rec.method, **hook.metadata, **rec.meta})
     if fa_success is not None:
         metadata["final_answer_success"] = fa_success
-    if rec.exc is not None:
-        metadata["error"] = rec.exc
+    if error is not None:
+        metadata["error"] = error
     if rec.overflow:
         metadata["events_over_limit"] = rec.overflow
+    if b.unreadable_messages:
+        metadata["unreadable_messages"] = b.unreadable_messages
 
     return {
-        "session_id": _text(rec.session_id) or "default",
+        "session_id": v.text(rec.session_id) or "default",
         "timestamp": timestamp,
-        "user_query": _text(rec.query),
+        "user_query": query,
         "tool_calls": tool_calls,
         "reasoning_steps": b.reasoning,
         "tasks_created": [task],
         "tasks_completed": [{**task, "status": status, "result": final_text}] if success is True else [],
-        "tasks_failed": [{**task, "status": status, "error": rec.exc or final_text}] if success is False else [],
+        "tasks_failed": [{**task, "status": status, "error": error or final_text}] if success is False else [],
         "final_response": final_text,
         "total_tokens_in": sum(tins) if tins else None,
         "total_tokens_out": sum(touts) if touts else None,
@@ -330,12 +419,12 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         "execution_duration_ms": None if rec.duration is None else round(rec.duration * 1000.0, 3),
         "llm_calls_count": len(llm_calls),
         "agent_name": hook.agent_name,
-        "run_id": rec.run_id,
+        "run_id": run_id,
         "source": hook.source,
         "success": success,
         "status": status,
         "messages": messages,
-        "tools": _tools_offered(events),
+        "tools": _tools_offered(v, events),
         "llm_calls": llm_calls,
         "metadata": metadata,
     }

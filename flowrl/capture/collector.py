@@ -52,6 +52,7 @@ from flowrl.capture.registration import (
     Registration,
     check_queue_size,
 )
+from flowrl.capture.values import Values
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace, load_trace
 from flowrl.store import TraceStore
@@ -59,6 +60,7 @@ from flowrl.store import TraceStore
 log = logging.getLogger("flowrl.capture")
 
 _STOP = object()
+_CHECK_WRITER_S = 0.5  # how often a waiting flush() checks that the writer thread is still there
 
 
 # -- the process-wide registry: one shared collector per store root ---------------------------------
@@ -174,13 +176,15 @@ class TraceCollector:
         # `_lock` guards the queue, the counters and the threads; the registry's lock guards `_SHARED` and
         # `_regs`. Neither is ever taken while holding the other. A garbage-collector callback (an agent
         # gone without unhook) may take `_lock` (reentrant for that), never the registry's lock.
-        self._queue: deque[tuple[Any, Registration]] = deque()
+        self._queue: deque[_Item] = deque()
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._accepted = 0   # records queued so far
         self._done = 0       # records taken off the queue and finished (written or failed)
         self._thread: threading.Thread | None = None
+        self._held: list[_Item] = []  # what the writer took off the queue and still holds (see _run)
+        self._logged: set[str] = set()  # failures of the writer itself already logged (each kind once)
         # batches of built traces waiting for an I/O thread; bounded, so a stalled disk backs up into the deque
         self._io: queue.Queue[Any] = queue.Queue(maxsize=max(2 * self.io_threads, 1))
         self._workers: list[threading.Thread] = []  # the I/O threads started
@@ -275,7 +279,7 @@ class TraceCollector:
     def _submit(self, record: Any, reg: Registration) -> bool:
         if self._pid != os.getpid():
             self._reinit_after_fork()
-        item = (record, reg)  # made outside the lock: nothing in there allocates a tracked object
+        item = _Item(record, reg)  # made outside the lock: nothing in there allocates a tracked object
         with self._lock:
             if self._closed or reg.closed:
                 reason: str | None = "closed"
@@ -286,7 +290,7 @@ class TraceCollector:
                 self._accepted += 1
                 reg.accepted += 1
                 reason = None
-            start = reason is None and self._thread is None
+            start = reason is None and not self._writer_running()
         if reason is not None:
             reg.count("dropped")
             dropped = reg.stats.dropped
@@ -309,106 +313,197 @@ class TraceCollector:
     def queued(self) -> int:
         return len(self._queue)
 
+    def _writer_running(self) -> bool:
+        """A writer thread is running or being started (under `_lock`). A writer that died is not: the
+        next submit or flush starts another (`_start`), so no run waits for a thread that is gone."""
+        thread = self._thread
+        return thread is not None and (thread.ident is None or thread.is_alive())
+
+    def _writer_lost(self) -> bool:
+        """Runs wait for a writer that is not there: it died, or none could be started for what is queued
+        (not: it stopped after its last run while the I/O threads finish writing)."""
+        thread = self._thread
+        return (thread is not None or bool(self._queue)) and not self._writer_running()
+
     def _start(self) -> None:
+        """Start the writer thread, unless one is running. One that died (whatever killed it) is replaced:
+        what it held is counted as failed, what is queued is written by the new one."""
         if sys.is_finalizing():  # no new threads while the interpreter shuts down
             return
         with self._lock:
-            if self._thread is not None:
+            if self._writer_running():
                 return
+            dead, held = self._thread, self._held
             thread = threading.Thread(target=self._run, name="flowrl-trace-writer", daemon=True)
             self._thread = thread
-        thread.start()
+            self._held = []
+        if dead is not None:
+            self._lost(held, RuntimeError("the trace writer thread ended unexpectedly; a new one took over"))
+        try:
+            thread.start()
+        except BaseException as exc:  # no thread to be had now (resource limits): the next submit or flush retries
+            with self._lock:
+                if self._thread is thread:
+                    self._thread = None
+            self._log_once("start", "flowrl: could not start the trace writer thread (%s); runs stay queued", exc)
 
     def _start_io(self) -> None:
-        """On the writer thread: bring the I/O threads up to `io_threads` (it stops each when it ends)."""
-        io = [threading.Thread(target=self._write_loop, name=f"flowrl-trace-io-{i}", daemon=True)
-              for i in range(len(self._workers), self.io_threads)]
-        for t in io:
-            t.start()
+        """On the writer thread: bring the I/O threads up to `io_threads` (it stops each when it ends),
+        replacing any that died."""
         with self._lock:
-            self._workers.extend(io)
+            self._workers = [t for t in self._workers if t.is_alive()]
+            missing = self.io_threads - len(self._workers)
+        for _ in range(missing):
+            t = threading.Thread(target=self._write_loop, name=f"flowrl-trace-io-{len(self._workers)}", daemon=True)
+            try:
+                t.start()
+            except BaseException as exc:  # fewer I/O threads (or none: the writer then writes itself)
+                self._log_once("start-io", "flowrl: could not start a trace I/O thread (%s)", exc)
+                break
+            with self._lock:
+                self._workers.append(t)
 
     # -- the writer thread and the I/O threads ----------------------------------------------------
     def _run(self) -> None:
-        while True:
-            if len(self._workers) < self.io_threads:
-                self._start_io()
-            self._wake.wait()
-            self._wake.clear()
-            batch: list[tuple[ExecutionTrace, Registration]] = []
-            while True:
+        """The writer thread. Whatever a step raises (BaseException included: a mask or callback may raise
+        SystemExit) fails only the run it was for (counted, logged) and the writer goes on; should the
+        thread end anyway, what it held is counted as failed and the next submit or flush starts another."""
+        held: list[_Item] = []  # taken off the queue and not yet finished nor handed to an I/O thread
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._held = held
+        stopped = False
+        try:
+            while not stopped:
                 try:
-                    record, reg = self._queue.popleft()
-                except IndexError:
-                    break
-                reg.taken += 1
-                trace = self._build(record, reg)
-                if trace is None:
-                    self._finished(reg, False)
-                    continue
-                batch.append((trace, reg))
-                if len(batch) >= BATCH_MAX or not self._queue:
-                    self._hand_over(batch)
-                    batch = []
-            if batch:
+                    stopped = self._round(held)
+                except BaseException as exc:
+                    self._lost(held, exc)
+        finally:
+            if not stopped:  # pragma: no cover - only when the guard above itself failed
+                self._lost(held, RuntimeError("the trace writer thread ended"))
+                with self._lock:
+                    if self._thread is threading.current_thread():
+                        self._thread = None
+                    restart = bool(self._queue)
+                if restart:
+                    self._start()
+
+    def _round(self, held: list[_Item]) -> bool:
+        """Wait for runs, build and hand over all that are queued. True once closed and drained."""
+        if len(self._workers) < self.io_threads or not all(t.is_alive() for t in self._workers):
+            self._start_io()
+        self._wake.wait()
+        self._wake.clear()
+        batch: list[tuple[ExecutionTrace, _Item]] = []
+        while True:
+            try:
+                item = self._queue.popleft()
+            except IndexError:
+                break
+            held.append(item)
+            item.reg.taken += 1
+            trace = self._build(item.record, item.reg)
+            if trace is None:
+                self._finished(item, False)
+                continue
+            batch.append((trace, item))
+            if len(batch) >= BATCH_MAX or not self._queue:
                 self._hand_over(batch)
-            record = reg = trace = batch = None  # do not hold the last run (nor its hook) while idle
-            if self._gone:
-                self._reap()
-            with self._lock:
-                if self._closed and not self._queue:
-                    self._thread = None
-                    workers, self._workers = self._workers, []
-                    self._cond.notify_all()
-                    break
+                batch = []
+                held.clear()
+        if batch:
+            self._hand_over(batch)
+        held.clear()
+        item = trace = batch = None  # do not hold the last run (nor its hook) while idle
+        if self._gone:
+            self._reap()
+        with self._lock:
+            if not (self._closed and not self._queue):
+                return False
+            self._thread = None
+            workers, self._workers = self._workers, []
+            self._cond.notify_all()
         for _ in workers:
             self._io.put(_STOP)  # after the traces already handed over
         _LIVE.discard(self)
+        return True
 
-    def _hand_over(self, batch: list[tuple[ExecutionTrace, Registration]]) -> None:
-        if self._workers:
-            self._io.put(batch)  # blocks only this thread, and only while every I/O thread is busy
-        else:
+    def _lost(self, items: list[_Item], exc: BaseException) -> None:
+        """A failure outside the per-run guards: the runs in hand fail (counted, logged), the rest go on."""
+        failed = [item for item in items if not item.done]
+        items.clear()
+        for item in failed:
+            self._fail(item.reg, "the trace writer", exc)
+            self._finished(item, False)
+        if not failed:
+            for reg in [self._own, *list(self._regs)]:
+                reg.count("errors")
+            self._log_once("writer", "flowrl: the trace writer failed (%r); it goes on", exc)
+        if self._queue:
+            self._wake.set()  # what is still queued is not left waiting for the next run
+
+    def _log_once(self, kind: str, message: str, exc: BaseException) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(message + " (logged once)", exc, exc_info=exc)
+
+    def _hand_over(self, batch: list[tuple[ExecutionTrace, _Item]]) -> None:
+        if not self._workers:
             self._write_batch(batch)
+            return
+        while True:  # blocks only this thread, and only while every I/O thread is busy
+            try:
+                self._io.put(batch, timeout=1.0)
+                return
+            except queue.Full:
+                self._start_io()  # in case one died
 
     def _write_loop(self) -> None:
         while True:
             batch = self._io.get()
             if batch is _STOP:
                 return
-            self._write_batch(batch)
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:  # this thread goes on; the batch's unwritten runs fail
+                self._lost([item for _trace, item in batch], exc)
             batch = None  # do not hold the last traces (nor their hooks) while idle
 
-    def _write_batch(self, batch: list[tuple[ExecutionTrace, Registration]]) -> None:
+    def _write_batch(self, batch: list[tuple[ExecutionTrace, _Item]]) -> None:
         """One trace: `TraceStore.write` (its own fsync). A backlog: `write_many`, one filesystem sync for
         the lot (same all-or-nothing guarantee per file); if that fails, each trace on its own."""
         write_many = getattr(self.store, "write_many", None)
         if len(batch) > 1 and write_many is not None:
             try:
-                write_many([trace for trace, _reg in batch])
-            except Exception as exc:
+                write_many([trace for trace, _item in batch])
+            except BaseException as exc:
                 self._batch_failed(batch, exc)  # then retried one by one below
             else:
-                for trace, reg in batch:
-                    self._written(trace, reg)
-                    self._finished(reg, True)
+                for trace, item in batch:
+                    self._written(trace, item.reg)
+                    self._finished(item, True)
                 return
-        for trace, reg in batch:
-            self._finished(reg, self._write(trace, reg))
+        for trace, item in batch:
+            self._finished(item, self._write(trace, item.reg))
 
-    def _batch_failed(self, batch: list[tuple[ExecutionTrace, Registration]], exc: Exception) -> None:
-        for reg in {id(reg): reg for _trace, reg in batch}.values():
+    def _batch_failed(self, batch: list[tuple[ExecutionTrace, _Item]], exc: BaseException) -> None:
+        for reg in {id(item.reg): item.reg for _trace, item in batch}.values():
             reg.count("batch_write_errors")
         if not self._batch_failure_logged:
             self._batch_failure_logged = True
             log.warning("flowrl: writing %d traces at once to %s failed (%s); writing them one at a time "
                         "(logged once; counted in stats.batch_write_errors)", len(batch), self.store.root, exc)
 
-    def _finished(self, reg: Registration, ok: bool) -> None:
+    def _finished(self, item: _Item, ok: bool) -> None:
+        """A run is done with (once: a second call for it is ignored)."""
         with self._cond:
+            if item.done:
+                return
+            item.done = True
             self._done += 1
             if not ok:
-                reg.failed += 1
+                item.reg.failed += 1
             self._cond.notify_all()
 
     def _build(self, record: Any, reg: Registration) -> ExecutionTrace | None:
@@ -417,21 +512,22 @@ class TraceCollector:
             if reg.redactor is not None:
                 data = redact_trace(reg.redactor, data)
             return load_trace(complete_trace(data), origin="live capture")
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from a mask included: this run fails, the writer goes on
             reg.count("build_errors")
             self._fail(reg, "building a trace", exc)
             return None
         finally:
             if reg.redactor is not None:
                 rs = reg.redactor.stats
+                edges = reg.premask.stats.masked if reg.premask is not None else 0
                 with reg.lock:
                     reg.stats.mask_failures = rs.mask_failures
-                    reg.stats.secrets_masked = rs.masked
+                    reg.stats.secrets_masked = rs.masked + edges
 
     def _write(self, trace: ExecutionTrace, reg: Registration) -> bool:
         try:
             self.store.write(trace)
-        except Exception as exc:
+        except BaseException as exc:
             reg.count("write_errors")
             self._fail(reg, f"writing a trace to {self.store.root}", exc)
             return False
@@ -446,7 +542,7 @@ class TraceCollector:
         if reg.on_written is not None:
             try:
                 reg.on_written(trace)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit included: it is the callback's, not the writer's
                 self._fail(reg, "the hook's on_trace callback", exc)
 
     def _fail(self, reg: Registration, what: str, exc: BaseException) -> None:
@@ -455,9 +551,9 @@ class TraceCollector:
             try:
                 reg.on_error(what, exc)
                 return
-            except Exception:  # pragma: no cover
+            except BaseException:  # pragma: no cover
                 pass
-        log.warning("flowrl: %s failed: %s", what, exc)
+        log.warning("flowrl: %s failed: %r", what, exc)
 
     # -- waiting and closing ----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -477,7 +573,7 @@ class TraceCollector:
             r._before_flush(timeout)
         with self._lock:
             target = self._accepted
-            need_thread = self._thread is None and self._done < target
+            need_thread = self._done < target and not self._writer_running()
         if need_thread:
             self._start()
         self._wake.set()
@@ -487,7 +583,11 @@ class TraceCollector:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(_CHECK_WRITER_S if remaining is None else min(remaining, _CHECK_WRITER_S))
+                if self._done < target and self._writer_lost():  # it died (or never started) while we waited
+                    self._start()
+                    if not self._writer_running():  # and none can be started: do not wait for nothing
+                        return False
             clean = True
             for r in regs:
                 clean = clean and r.failed == r.failed_reported
@@ -519,8 +619,18 @@ class TraceCollector:
         return self._closed
 
 
+class _Item:
+    """A queued run: the record, its registration, and whether it is done with (written or failed)."""
+
+    __slots__ = ("done", "record", "reg")
+
+    def __init__(self, record: Any, reg: Registration) -> None:
+        self.record, self.reg, self.done = record, reg, False
+
+
 class _Ready:
-    """A trace that is already built (submit_trace)."""
+    """A trace that is already built (submit_trace); its values are made JSON-safe one by one
+    (`values.Values`, no length limit)."""
 
     __slots__ = ("trace",)
 
@@ -528,6 +638,5 @@ class _Ready:
         self.trace = trace
 
     def build(self) -> dict[str, Any]:
-        if isinstance(self.trace, ExecutionTrace):
-            return self.trace.to_dict()
-        return dict(self.trace)
+        data = self.trace.to_dict() if isinstance(self.trace, ExecutionTrace) else dict(self.trace)
+        return Values(None).plain(data)

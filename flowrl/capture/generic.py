@@ -24,6 +24,7 @@ from typing import Any
 from flowrl.capture.recorder import (
     _FRAME,
     RunRecord,
+    TextParts,
     describe_exc,
     frame_of,
     inside_run_of,
@@ -120,7 +121,7 @@ def _relay_run(rec: RunRecord, frame: tuple[Any, Any], agen: Any,
     def on_end(error: BaseException | None, completed: bool) -> None:
         if not completed and error is None:
             rec.meta["closed_early"] = True
-        finish(rec, "".join(texts) if texts and not state["mixed"] else state["last"], error)
+        finish(rec, TextParts(texts) if texts and not state["mixed"] else state["last"], error)  # joined by the writer
 
     return relay(agen, frame, None, on_item, on_end)
 

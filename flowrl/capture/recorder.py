@@ -52,7 +52,7 @@ class RunRecord:
         self.closed = False
         self.duration: float | None = None
         self.result: Any = None
-        self.exc: str | None = None
+        self.exc: str | ErrorText | None = None
         self.status: str | None = None
         self.run_id: str | None = None
         self.messages: list[dict[str, Any]] | None = None
@@ -100,9 +100,51 @@ def inside_run_of(hook: Hook) -> bool:
     return frame is not None and frame[0].hook is hook and not frame[0].closed
 
 
-def describe_exc(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+# -- values kept as they came, for the writer to read -------------------------------------------
+
+HOST_JOIN_CHARS = 4096  # an exception message longer than this is not joined to its type name on the host
+
+
+class ErrorText:
+    """An exception's `Type: message`, joined on the writer thread (`values.Values.text`): joining a long
+    message on the host would copy all of it there. `message` is the text, or, when `str(exc)` raised,
+    the exception's lone argument (the writer says what it was)."""
+
+    __slots__ = ("message", "name")
+
+    def __init__(self, name: str, message: Any) -> None:
+        self.name = name
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ErrorText({self.name!r}, <{type(self.message).__name__}>)"
+
+
+class TextParts:
+    """A streamed answer's text chunks, joined (or cut to `max_chars`) on the writer thread."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[str]) -> None:
+        self.parts = parts
+
+
+def describe_exc(exc: BaseException) -> str | ErrorText:
+    """`Type: message` of an exception, for the trace. O(1) on the host whatever the message: a long one
+    (or one `str()` cannot give) is left to the writer. Never raises."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception as err:  # the writer says what it was: its lone argument, else the failure
+        args = getattr(exc, "args", ())
+        if isinstance(args, tuple) and len(args) == 1:
+            return ErrorText(name, args[0])
+        return f"{name}: <unserialisable {name}: str() raised {type(err).__name__}>"
+    if not text:
+        return name
+    if len(text) > HOST_JOIN_CHARS:
+        return ErrorText(name, text)
+    return f"{name}: {text}"
 
 
 async def timed(
@@ -140,7 +182,7 @@ def note_exc(hook: Hook, ev: dict[str, Any], exc: BaseException) -> None:
     try:
         ev["dur"] = perf_counter() - ev["t0"]
         ev["exc"] = describe_exc(exc)
-    except Exception as err:  # str(exc) itself can raise
+    except Exception as err:  # pragma: no cover - defensive: describe_exc does not raise
         hook.fail("recording an exception", err)
 
 

@@ -66,6 +66,10 @@ class Registration:
         check_queue_size(queue_size)
         self.collector = collector
         self.redactor = Redactor(mask=mask, max_chars=max_chars) if redact else None
+        # strings over max_chars are cut to head and tail while the trace is built (masking on or off); when
+        # masking, the edges kept are first masked with the built-in patterns (values.Values.cut)
+        self.max_chars = max_chars
+        self.premask = Redactor(max_chars=None) if redact and max_chars is not None else None
         self.queue_size = queue_size
         self.exit_timeout = float(exit_timeout)
         self.stats = stats or CaptureStats()
