@@ -3,63 +3,45 @@
 Only what can hold user content is masked: ids, names, roles, timings and the schema's own enums are
 kept as they are, so a failing user mask (which masks a value whole) still leaves a valid trace.
 A trace repeats its strings (tool results in tool_calls and messages, the query in messages and
-tasks), so each distinct string is masked once per trace; a string that holds none of the patterns'
-trigger substrings is left alone without running the patterns (when there is no user mask and it is
-not too long to keep whole: then the Redactor would return it unchanged anyway).
+tasks), so each distinct string is masked once per trace (the Redactor's own quick check, case-blind,
+passes over text that holds no secret word). Metadata is masked too, all but flowrl's own entries
+(`OWN_METADATA`): what a host passes as `metadata=` can hold anything.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from flowrl.redact import PATTERNS, SECRET_KEY_RE
-
-
-def _triggers(case_insensitive: bool) -> re.Pattern[str] | None:
-    words = sorted({re.escape(p) for pat in PATTERNS if pat.case_insensitive_prefilter == case_insensitive
-                    for p in pat.prefilters})
-    return re.compile("|".join(words), re.IGNORECASE if case_insensitive else 0) if words else None
-
-
-_TRIGGERS = tuple(t for t in (_triggers(False), _triggers(True)) if t is not None)
+# metadata entries flowrl itself writes (names and flags, never user content): kept as they are
+OWN_METADATA = frozenset({"adapter", "method", "transcript", "final_answer_success", "events_over_limit"})
 
 
 class _Masker:
-    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct string once.
+    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct unkeyed string once.
     `changed` counts the strings it returned altered (a cached one each time it is asked again)."""
 
     def __init__(self, redactor: Any) -> None:
         self.redactor = redactor
         self.cache: dict[str, str] = {}
-        self.fast = getattr(redactor, "mask", None) is None
-        self.limit = getattr(redactor, "max_chars", None)
         self.changed = 0
 
     def text(self, value: str) -> str:
         done = self.cache.get(value)
         if done is None:
-            if (self.fast and (self.limit is None or len(value) <= self.limit)
-                    and not any(t.search(value) for t in _TRIGGERS)):
-                done = value
-            else:
-                done = self.redactor.redact_text(value)
-            self.cache[value] = done
+            done = self.cache[value] = self.redactor.redact_text(value)  # its own quick check comes first
         return done
 
     def redact(self, value: Any, key: str | None = None) -> Any:
         if isinstance(value, str):
-            if key is not None and SECRET_KEY_RE.match(key):
-                done = self.redactor.redact(value, key=key)  # masked whole by its key's name
-            else:
-                done = self.text(value)
+            # under a key: the Redactor masks it whole when the key names a secret, else scans it
+            done = self.redactor.redact(value, key=key) if key is not None else self.text(value)
             if done != value:
                 self.changed += 1
             return done
         if isinstance(value, dict):
             return {k: self.redact(v, k if isinstance(k, str) else None) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.redact(v) for v in value]
+            return [self.redact(v, key) for v in value]  # `{"credentials": ["u", "pw"]}`: masked by its key
         return value
 
 
@@ -142,8 +124,9 @@ def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
     out["tools"] = tools
     context_changed += redactor.changed - before_tools
     _drop_token_ids(llm_calls, outputs_changed, context_changed > 0)
-    if isinstance(out.get("metadata"), dict) and "error" in out["metadata"]:
-        out["metadata"] = {**out["metadata"], "error": redactor.redact(out["metadata"]["error"])}
+    if isinstance(out.get("metadata"), dict):  # the host's `metadata=` values and the run's error included
+        out["metadata"] = {k: v if k in OWN_METADATA else redactor.redact(v, k if isinstance(k, str) else None)
+                           for k, v in out["metadata"].items()}
     return out
 
 
