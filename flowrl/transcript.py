@@ -215,7 +215,8 @@ def canonical_messages(messages: list[Any]) -> list[Any]:
 def synthesize_messages(query: Any, calls: Iterable[Any], final: Any) -> list[dict[str, Any]]:
     """The minimal transcript of a run known only by its query, logged tool calls and answer.
 
-    `calls` are `ToolCallTrace`s or their dicts (`tool_name`, `arguments`, `result`, `call_id`)."""
+    `calls` are `ToolCallTrace`s or their dicts (`tool_name`, `arguments`, `result`, `call_id`, `error`); a
+    failed call's tool message carries its error text ("Error: ..."), so the transcript shows why it failed."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": content_text(query)}]
     n = 0
     for n, call in enumerate(calls, 1):
@@ -223,12 +224,20 @@ def synthesize_messages(query: Any, calls: Iterable[Any], final: Any) -> list[di
         call_id = field_of(call, "call_id") or synthetic_call_id(n)
         messages.append({"role": "assistant", "content": None, "tool_calls": [
             openai_tool_call({"id": call_id, "name": name, "arguments": field_of(call, "arguments")})]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "name": name,
-                         "content": content_text(field_of(call, "result"))})
+        messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": _tool_content(call)})
     final_text = content_text(final)
     if final_text or n == 0:
         messages.append({"role": "assistant", "content": final_text})
     return messages
+
+
+def _tool_content(call: Any) -> str:
+    """The tool message of a logged call: its result, with the error text of a failed call added."""
+    result = content_text(field_of(call, "result"))
+    error = content_text(field_of(call, "error")).strip()
+    if not error or error in result:
+        return result
+    return f"{result}\nError: {error}" if result else f"Error: {error}"
 
 
 def is_synthesized(metadata: Any) -> bool:

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from flowrl.cli.common import StoreOption, console, err_console, open_store, report_problems
 from flowrl.cli.traces import _date
 from flowrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flowrl.data import DatasetFilter
+    from flowrl.store import TraceStore
 
 METHOD_HELP = "kto, grpo (online prompts), grpo-offline (logged groups), sft or dpo."
 
@@ -47,7 +52,7 @@ def build_dataset(
     min_margin: float | None = typer.Option(None, help="DPO: smallest reward margin between chosen and rejected (default 0.1)."),
 ) -> None:
     """Build a dataset for TRL from the trace store: a DatasetDict on disk, JSONL, a card and a summary."""
-    from flowrl.data import DatasetFilter, DatasetPipeline
+    from flowrl.data import DatasetError, DatasetFilter, DatasetPipeline
     from flowrl.methods import make_builder
 
     options = {
@@ -77,14 +82,30 @@ def build_dataset(
     pipeline = DatasetPipeline(builder, filters=filters, group_by=group_by, similarity=similarity,  # type: ignore[arg-type]
                                embedding_model=embedding_model, val_fraction=val_fraction, seed=seed, budget=budget)
     st = open_store(store)
-    if quiet:
-        result = pipeline.build(st, out, parquet=parquet, overwrite=overwrite)
-    else:
-        result = _with_progress(pipeline, st, out, parquet, overwrite)
+    try:
+        if quiet:
+            result = pipeline.build(st, out, parquet=parquet, overwrite=overwrite)
+        else:
+            result = _with_progress(pipeline, st, out, parquet, overwrite)
+    except DatasetError as exc:
+        if builder.method_name != "grpo" and _unscored(st, filters):  # online GRPO needs no rewards
+            command = "flowrl score" + (f" --store {store}" if store is not None else "")
+            raise DatasetError(f"{exc}; the traces have no rewards or labels: run `{command}` first") from exc
+        raise
     for line in result.summary_lines():
         console.print(line, highlight=False, markup=False)
     console.print(f"built in {result.elapsed_s:.1f}s; card: {result.out / 'README.md'}", highlight=False, markup=False)
     report_problems(result.problems)
+
+
+def _unscored(st: TraceStore, filters: DatasetFilter) -> bool:
+    """Are there traces under the filters, none of them with a reward score or a label?"""
+    found = False
+    for t in st.iter_traces(filters.trace_filter()):
+        if t.reward_score is not None or t.label is not None:
+            return False
+        found = True
+    return found
 
 
 def _with_progress(pipeline, st, out, parquet, overwrite):  # type: ignore[no-untyped-def]

@@ -23,12 +23,13 @@ def export(
     base_model: str | None = typer.Option(None, "--base-model", help="Base model folder, overriding base_model_name_or_path in adapter_config.json."),
     dtype: str = typer.Option("auto", "--dtype", help="dtype of the merged safetensors: auto (the base's), float32, float16, bfloat16."),
     name: str = typer.Option("model", "--name", help="File name stem of the GGUF file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an export already in --out."),
 ) -> None:
     """Merge the LoRA adapter, write GGUF (quantised in Python), verify it, and write an Ollama Modelfile."""
     from flowrl.export.pipeline import ExportPipeline
 
     pipeline = ExportPipeline(model, out, format=format.lower(), quant=quant, ollama_name=ollama, verify=not no_verify,
-                              base_model=base_model, dtype=dtype, name=name,
+                              base_model=base_model, dtype=dtype, name=name, overwrite=overwrite,
                               progress=lambda step: console.print(f"[bold]·[/bold] {step}", highlight=False))
     with console.status("exporting"):
         result = pipeline.run()

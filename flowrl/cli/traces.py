@@ -6,6 +6,8 @@ from datetime import date
 from pathlib import Path
 
 import typer
+from rich.cells import cell_len
+from rich.console import Console
 from rich.table import Table
 
 from flowrl.cli.common import StoreOption, console, open_store, report_problems
@@ -35,6 +37,34 @@ def _label(value: str | None) -> bool | None:
     return table[value.lower()]
 
 
+# `traces ls` columns: a reviewer's key columns are always shown in full (ids are typed back into `show` and
+# `label`); the query is shortened to fit; the optional ones are shown, in this order, while there is room.
+_KEY = ("trace_id", "time", "tools", "ok", "reward", "label")
+_OPTIONAL = ("session", "agent", "source")
+_ORDER = ("trace_id", "time", "agent", "session", "source", "tools", "ok", "reward", "label", "query")
+_GAP = 2  # spaces between columns (the table's padding)
+_OPTIONAL_MAX, _QUERY_ROOMY, _QUERY_MIN = 14, 20, 10
+
+
+def _fit_columns(rows: list[dict[str, str]], width: int) -> tuple[dict[str, int], list[str]]:
+    """Column widths for `width` terminal cells, and the optional columns left out for lack of room. The
+    optional columns need the query to keep `_QUERY_ROOMY` cells; the query itself gets what is left, at least
+    `_QUERY_MIN` (so the widths add up to more than `width` only when the key columns alone do not fit)."""
+    natural = {name: max([cell_len(name), *(cell_len(r[name]) for r in rows)]) for name in _ORDER}
+    chosen = {name: natural[name] for name in _KEY}
+    used = sum(chosen.values()) + _GAP * len(chosen)  # the gaps before each column after the first, query's included
+    hidden = []
+    for name in _OPTIONAL:
+        want = min(natural[name], _OPTIONAL_MAX)
+        if used + want + _GAP + min(natural["query"], _QUERY_ROOMY) <= width:
+            chosen[name] = want
+            used += want + _GAP
+        else:
+            hidden.append(name)
+    chosen["query"] = min(natural["query"], max(_QUERY_MIN, width - used))
+    return {name: chosen[name] for name in _ORDER if name in chosen}, [n for n in _ORDER if n in hidden]
+
+
 @traces_app.command("ls")
 def ls(
     store: Path | None = StoreOption,
@@ -50,30 +80,34 @@ def ls(
     st = open_store(store)
     flt = TraceFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, session=session,
                       source=source, label=_label(label))
-    table = Table()
-    table.add_column("trace_id", no_wrap=True, min_width=12)
-    table.add_column("time", no_wrap=True, min_width=16)
-    for name in ("agent", "session", "source", "tools", "ok", "reward", "label"):
-        table.add_column(name, no_wrap=True, overflow="ellipsis", min_width=len(name), max_width=14)
-    table.add_column("query", no_wrap=True, overflow="ellipsis", min_width=20, ratio=1)
-    shown = total = 0
-    id_width = 12
+    rows: list[dict[str, str]] = []
+    total = 0
     for t in st.iter_traces(flt):
         total += 1
-        if limit and shown >= limit:
+        if limit and len(rows) >= limit:
             continue
-        shown += 1
-        id_width = max(id_width, len(t.trace_id))
-        table.add_row(
-            t.trace_id, t.timestamp[:16].replace("T", " "), t.agent_name or "", t.session_id, t.source, str(len(t.tool_calls)),
-            _OUTCOME[run_outcome(t).verdict],
-            "" if t.reward_score is None else f"{t.reward_score:.2f}",
-            "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if is_manual_label(t) else ""),
-            (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
-        )
-    table.columns[0].min_width = id_width  # ids are typed back into `show` and `label`: never cut them
-    console.print(table)
-    console.print(f"{total} traces under {st.root}" + (f", {shown} shown" if shown < total else ""))
+        rows.append({
+            "trace_id": t.trace_id, "time": t.timestamp[:16].replace("T", " "), "agent": t.agent_name or "",
+            "session": t.session_id, "source": t.source, "tools": str(len(t.tool_calls)),
+            "ok": _OUTCOME[run_outcome(t).verdict],
+            "reward": "" if t.reward_score is None else f"{t.reward_score:.2f}",
+            "label": "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if is_manual_label(t) else ""),
+            "query": (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
+        })
+    widths, hidden = _fit_columns(rows, console.size.width)
+    table = Table(box=None, pad_edge=False)
+    for name, width in widths.items():
+        table.add_column(name, no_wrap=True, overflow="ellipsis", width=width)
+    for row in rows:
+        table.add_row(*(row[name] for name in widths))
+    needed = sum(widths.values()) + _GAP * (len(widths) - 1)
+    # never let rich squeeze a key column: lines longer than a very narrow terminal wrap instead
+    out = console if needed <= console.size.width else Console(file=console.file, width=needed, soft_wrap=True)
+    out.print(table)
+    shown = len(rows)
+    console.print(f"{total} traces under {st.root}" + (f", {shown} shown" if shown < total else "")
+                  + (f"; {', '.join(hidden)} hidden: widen the terminal to see them" if hidden and rows else ""),
+                  highlight=False)
     report_problems(st)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,29 @@ BUILTIN_AGENTS = {"example": "flowrl.demo.example_agents:example_adapter"}  # `-
 def _quiet_known_warnings() -> None:
     # transformers 5.23 warns about its own deprecated alias when TRL/PEFT read it; nothing a user can act on
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+
+
+@contextmanager
+def _progress_bars(show: bool) -> Iterator[None]:
+    """With `--no-progress`, silence the loading and tokenising bars too (transformers' "Loading weights",
+    datasets' map/filter bars, huggingface_hub's), not only TRL's training bar; each comes back on exit, so a
+    caller of `main()` keeps its own settings."""
+    if show:
+        yield
+        return
+    import datasets
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    with ExitStack() as stack:
+        stack.enter_context(disable_progress_bars())  # re-enables on exit only if it was enabled
+        if hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            stack.callback(hf_logging.enable_progress_bar)
+        if datasets.is_progress_bar_enabled():
+            datasets.disable_progress_bars()
+            stack.callback(datasets.enable_progress_bars)
+        yield
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -110,13 +135,14 @@ def train(
         f" on {cfg.dataset}" if cfg.dataset else "")
     console.print(f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {source} ({hardware.describe()})",
                   highlight=False)
-    adapter = None
-    if cfg.agent is not None:  # the rollout's lines (turns, masked tool tokens, rewards) are the run's log
-        logging.getLogger("flowrl.train.agent_rollout").setLevel(logging.INFO)
-        from flowrl.train.agent_grpo import resolve_adapter
+    with _progress_bars(cfg.progress_bar):
+        adapter = None
+        if cfg.agent is not None:  # the rollout's lines (turns, masked tool tokens, rewards) are the run's log
+            logging.getLogger("flowrl.train.agent_rollout").setLevel(logging.INFO)
+            from flowrl.train.agent_grpo import resolve_adapter
 
-        adapter = resolve_adapter(BUILTIN_AGENTS.get(cfg.agent, cfg.agent))
-    result = TrainingPipeline(cfg, hardware=hardware, agent=adapter).run()
+            adapter = resolve_adapter(BUILTIN_AGENTS.get(cfg.agent, cfg.agent))
+        result = TrainingPipeline(cfg, hardware=hardware, agent=adapter).run()
 
     status = "interrupted: saved at" if result.interrupted else "done:"
     sps = result.seconds_per_step
@@ -135,9 +161,12 @@ def train(
         rollouts = result.info.get("rollouts") or {}
         console.print(f"rollouts: {rollouts.get('written', 0)} traces in {cfg.resolved_store} (source train), "
                       f"{rollouts.get('tool_calls', 0)} tool calls executed", highlight=False)
-        if cfg.agent == "example":
-            console.print(f"next: flowrl eval --model {out} --agent example", highlight=False)
-    else:
+    if result.interrupted:  # a script tells a stopped run from a finished one by the exit code, as for Ctrl-C
+        console.print("next: the same command with --resume continues it", highlight=False)
+        raise typer.Exit(130)
+    if cfg.agent == "example":
+        console.print(f"next: flowrl eval --model {out} --agent example", highlight=False)
+    elif cfg.agent is None:
         console.print(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
 
 

@@ -12,6 +12,9 @@ Layout of `out_dir` after a GGUF export:
 With `format="safetensors"` the GGUF and verification steps are skipped and the Modelfile points at the
 merged folder (Ollama imports safetensors folders of the Llama family directly).
 
+An `out_dir` that already holds an export (any of the files above) is refused unless `overwrite=True`,
+which removes those files first (never anything else in the folder).
+
 A GGUF that fails verification is renamed to `*.gguf.failed-verification` (kept for inspection, never
 picked up by a Modelfile) and VerificationError is raised.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +71,7 @@ class ExportPipeline:
         name: str = "model",
         prompts: list[str] | None = None,
         progress: Callable[[str], None] | None = None,
+        overwrite: bool = False,
     ) -> None:
         if format not in FORMATS:
             raise ExportError(f"unknown format {format!r}: use {' or '.join(FORMATS)}")
@@ -81,11 +86,13 @@ class ExportPipeline:
         self.name = name
         self.prompts = prompts
         self.progress = progress or (lambda step: None)
+        self.overwrite = overwrite
 
     def run(self) -> ExportResult:
         from flowrl.export.merge import merge_adapter, model_kind
 
         kind = model_kind(self.model)  # fails fast on a folder without adapter or config
+        self._prepare_out()
         self.progress("merging the adapter into the base model" if kind == "adapter" else "using the full model as is")
         merged = merge_adapter(self.model, self.out_dir / "merged", base_model=self.base_model, dtype=self.dtype)
         result = ExportResult(out_dir=self.out_dir, model_dir=merged.path)
@@ -105,6 +112,24 @@ class ExportPipeline:
             result.ollama_created = deployer.create(result.modelfile).created
         self._write_record(result)
         return result
+
+    def _previous_outputs(self) -> list[Path]:
+        if not self.out_dir.is_dir():
+            return []
+        fixed = [self.out_dir / name for name in ("merged", "Modelfile", "export.json")]
+        return [p for p in fixed if p.exists()] + sorted(self.out_dir.glob("*.gguf")) + sorted(
+            self.out_dir.glob("*.gguf.failed-verification"))
+
+    def _prepare_out(self) -> None:
+        """Refuse an `out_dir` holding an export unless `overwrite`; then remove only that export's files."""
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ExportError(f"--out {self.out_dir} is a file: give a folder")
+        previous = self._previous_outputs()
+        if previous and not self.overwrite:
+            raise ExportError(f"--out {self.out_dir} already holds an export ({previous[0].name}): "
+                              "pass --overwrite to replace it, or pick another folder")
+        for path in previous:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
     def _gguf(self, model_dir: Path, result: ExportResult) -> Path:
         from flowrl.export.gguf_writer import GGUFExporter

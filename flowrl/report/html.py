@@ -155,9 +155,9 @@ def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun
     if runs:
         items = []
         for run, chart in runs:
-            last = run.rows[-1] if run.rows else {}
+            last = run.steps[-1] if run.steps else {}
             summary = ", ".join(f"{k} {_fmt(last.get(k))}" for k in ("loss", "reward", "kl") if k in last)
-            items.append(f"<h3>{escape(run.name)}</h3><p class='muted'>{escape(str(run.path))}: {len(run.rows)} logged steps"
+            items.append(f"<h3>{escape(run.name)}</h3><p class='muted'>{escape(str(run.path))}: {len(run.steps)} logged steps"
                          f"{'; last ' + escape(summary) if summary else ''}</p>{_img(chart, 'training curves')}")
         parts.append("<section><h2>Training</h2>" + "".join(items) + "</section>")
     if m.unreadable:

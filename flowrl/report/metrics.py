@@ -81,11 +81,16 @@ def store_metrics(store: TraceStore) -> StoreMetrics:
 class TrainingRun:
     name: str
     path: Path
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # every line of metrics.jsonl, the end-of-training summary line included
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The logged steps: the rows less the summary line (`"summary": true`) written when training ends."""
+        return [row for row in self.rows if not row.get("summary")]
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         xs, ys = [], []
-        for row in self.rows:
+        for row in self.steps:
             value = row.get(key)
             if isinstance(value, (int, float)) and row.get("step") is not None:
                 xs.append(float(row["step"]))

@@ -36,6 +36,8 @@ METRICS_FILE = "metrics.jsonl"
 RUN_OUTPUTS = ("metrics.jsonl", "README.md", RUN_FILE, "adapter_model.safetensors", "adapter_config.json",
                "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "chat_template.jinja", "special_tokens_map.json", "training_args.bin", "merged", "runs")
+# a folder holding one of these has a saved model or run record: only --resume or --overwrite may touch it
+SAVED_MARKERS = (RUN_FILE, "adapter_model.safetensors", "model.safetensors")
 
 
 @dataclass
@@ -70,30 +72,67 @@ class TrainResult:
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
-    ckpts = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    """The newest complete checkpoint: TRL writes `trainer_state.json` last, so a folder without it was cut off
+    while being saved (Ctrl-C twice) and cannot be resumed from."""
+    ckpts = [p for p in output_dir.glob("checkpoint-*")
+             if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()]
     return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
 
 
+def _saved_run(out: Path) -> str | None:
+    """The first file of a run that saved a model or its record, or None."""
+    return next((name for name in SAVED_MARKERS if (out / name).exists()), None)
+
+
+def _set_aside_interrupted(out: Path) -> None:
+    """An interrupted run that saved nothing: keep its log as `metrics.interrupted-N.jsonl` and drop checkpoint
+    folders cut off while being saved, so the same command starts again without --overwrite."""
+    for partial in out.glob("checkpoint-*"):
+        if partial.is_dir():
+            shutil.rmtree(partial)
+    metrics = out / METRICS_FILE
+    if metrics.exists():
+        n = 1
+        while (out / f"metrics.interrupted-{n}.jsonl").exists():
+            n += 1
+        kept = metrics.rename(out / f"metrics.interrupted-{n}.jsonl")
+        log.warning("flowrl: %s holds an interrupted run that saved no checkpoint: starting again (its log: %s)",
+                    out, kept.name)
+
+
 def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
-    """Check the output folder against --resume/--overwrite; returns it and the checkpoint to resume from."""
+    """Check the output folder against --resume/--overwrite; returns it and the checkpoint to resume from.
+
+    Every state a Ctrl-C can leave has one command that works: a complete checkpoint is resumed with
+    --resume; a folder an interrupted run left with no checkpoint and no saved model (only its log) is started
+    again by the same command, its log kept aside; a saved run without checkpoints needs --overwrite."""
     out = config.resolved_output_dir
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output-dir {out} is a file: give a folder")
     found = last_checkpoint(out) if out.is_dir() else None
+    saved = _saved_run(out) if out.is_dir() else None
     if config.resume:
         if isinstance(config.resume, Path):
             if not (config.resume / "trainer_state.json").is_file():
                 raise ConfigError(f"--resume {config.resume} is not a checkpoint folder (no trainer_state.json)")
             return out, str(config.resume)
+        if found is None and saved is not None:
+            raise ConfigError(f"--resume: {out} holds a run ({saved}) but no complete checkpoint-N folder to "
+                              "continue: pass --overwrite instead of --resume to start over, or another --output-dir")
         if found is None:
-            raise ConfigError(f"--resume: {out} holds no checkpoint-N folder to continue: train without --resume first")
+            raise ConfigError(f"--resume: {out} holds no checkpoint-N folder to continue: "
+                              "train without --resume (the same command) to start it")
         return out, str(found)
-    if found is not None or (out / METRICS_FILE).exists():
+    if found is not None or saved is not None:
         if not config.overwrite:
+            if found is None:
+                raise ConfigError(f"{out} already holds a run ({saved}) and no checkpoint to continue: pass "
+                                  "--overwrite to start over, or another --output-dir")
             raise ConfigError(
-                f"{out} already holds a run ({found.name if found else METRICS_FILE}): pass --resume to continue it, "
+                f"{out} already holds a run ({found.name}): pass --resume to continue it, "
                 "--overwrite to start over, or another --output-dir"
             )
+    if config.overwrite and out.is_dir():
         for ckpt in out.glob("checkpoint-*"):
             shutil.rmtree(ckpt)
         for name in RUN_OUTPUTS:
@@ -102,6 +141,10 @@ def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
+        for kept in out.glob("metrics.interrupted-*.jsonl"):
+            kept.unlink()
+    elif out.is_dir():
+        _set_aside_interrupted(out)
     out.mkdir(parents=True, exist_ok=True)
     return out, None
 
@@ -208,7 +251,9 @@ class RLTrainer:
             if stats is not None and hasattr(stats, "to_dict"):
                 self.info["rollouts"] = stats.to_dict()
         seconds = time.perf_counter() - started
-        if int(trainer.state.global_step) <= start_step and not self.interrupt.requested:
+        # resuming a checkpoint already at max_steps (Ctrl-C after the last save) only writes the model and record
+        finished = bool(resume_from) and start_step >= int(trainer.state.max_steps or 0) > 0
+        if int(trainer.state.global_step) <= start_step and not self.interrupt.requested and not finished:
             raise TrainingError(f"no training step ran on {self.config.dataset}: the trainer found no batch to train on "
                                 f"(too few rows for the batch size, or every row longer than max_length); see the log above")
         trainer.save_model(str(output_dir))
