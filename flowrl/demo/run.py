@@ -248,7 +248,8 @@ class Demo:
         found = sorted(out.glob("*.gguf")) if out.exists() else []
         if found and not self.cfg.fresh:
             return f"{found[0].name} already exported", True
-        res = ExportPipeline(self.out / "runs" / "grpo", out, quant=self.cfg.quant, ollama_name="flowrl-demo").run()
+        res = ExportPipeline(self.out / "runs" / "grpo", out, quant=self.cfg.quant, ollama_name="flowrl-demo",
+                             overwrite=True).run()  # the demo owns its folder: a half-done export is redone
         return _export_summary(res), False
 
     def stage_report(self) -> tuple[str, bool]:
