@@ -54,6 +54,7 @@ ALIASES = {
 }
 SANITY_PROMPT = "What is the capital of France?"
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "smollm2_chatml.jinja"
+HUB_PROBE_TIMEOUT = 5.0  # seconds for the one request asking the Hub whether a model id exists
 
 
 def models_dir() -> Path:
@@ -105,9 +106,62 @@ def resolve_model(spec: str | None = None, *, cache_dir: Path | None = None) -> 
         if not (local / "config.json").is_file():
             raise ModelError(f"{local} holds no config.json: pass a Hugging Face model folder or a PEFT adapter folder")
         return ResolvedModel(spec=spec, path=str(local))
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ModelError(f"model folder {spec} does not exist: pass an existing folder, a Hub id or `{DEFAULT_MODEL}`")
+    if looks_like_path(spec):
+        raise ModelError(f"model folder {spec} does not exist: check the path, or pass an existing folder "
+                         f"(config.json or adapter_config.json), a Hub id or `{DEFAULT_MODEL}`")
+    check_hub_id(spec)
     return ResolvedModel(spec=spec, path=spec)
+
+
+def looks_like_path(spec: str) -> bool:
+    """Is `spec` meant as a folder? It starts with `.`, `/` or `~`, holds a backslash or more than one `/` (a Hub
+    id has at most one), or its parent folder exists (`runs/nope` where `runs/` exists)."""
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
+        return True
+    return "/" in spec and Path(spec).parent.is_dir()
+
+
+def hub_offline() -> bool:
+    """huggingface_hub's offline switch (`HF_HUB_OFFLINE`), as transformers reads it on every download."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return bool(os.environ.get("HF_HUB_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def go_offline(reason: str) -> None:
+    """Switch huggingface_hub (and so transformers) to its local cache for the rest of this process."""
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    log.warning("flowrl: cannot reach the Hugging Face Hub (%s): using only its local cache from now on", reason)
+
+
+def check_hub_id(spec: str) -> None:
+    """Ask the Hub once, without retries, whether model `spec` exists: a wrong id is one clear line at once.
+
+    When the Hub cannot be reached, the process goes offline (`go_offline`) so transformers reads its cache and
+    fails at once instead of retrying every file for a minute; `load_for_inference` then names the id."""
+    hub = require("huggingface_hub")
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        raise ModelError(f"model `{spec}` is neither an existing folder nor a valid Hugging Face Hub id: "
+                         f"pass a model folder, a Hub id (owner/name) or `{DEFAULT_MODEL}`") from None
+    if hub_offline():
+        return
+    try:
+        hub.model_info(spec, timeout=HUB_PROBE_TIMEOUT)  # one GET, no backoff (downloads retry five times)
+    except RepositoryNotFoundError:
+        raise ModelError(f"no model {spec} on the Hugging Face Hub (a private or gated one needs `hf auth login`): "
+                         f"check the id, or pass a local model folder or `{DEFAULT_MODEL}`") from None
+    except Exception as exc:  # DNS, refused, timeout, 5xx: whatever keeps the Hub from answering
+        go_offline(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no answer'}")
 
 
 def adapter_base(adapter_dir: Path) -> str:
@@ -301,7 +355,11 @@ def load_for_inference(resolved: ResolvedModel, *, device: str | None = None, dt
         tokenizer = transformers.AutoTokenizer.from_pretrained(tok_source)
         model = transformers.AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch_dtype)
     except OSError as exc:
-        raise ModelError(f"cannot load model {resolved.path}: {exc}") from exc
+        if hub_offline() and not Path(resolved.path).expanduser().exists():
+            raise ModelError(f"cannot load model {resolved.path}: it is not in the local Hugging Face cache and the "
+                             f"Hub cannot be reached; pass a local model folder or `{DEFAULT_MODEL}`") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load model {resolved.path}: {first}") from exc
     if resolved.adapter:
         peft = require("peft")
         model = peft.PeftModel.from_pretrained(model, resolved.adapter)

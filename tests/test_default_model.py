@@ -57,7 +57,8 @@ def test_aliases_resolve_to_a_built_default_without_rebuilding(tmp_path: Path) -
     assert DEFAULT_MODEL == "smollm2-135m"
 
 
-def test_local_folders_adapters_and_hub_ids(tmp_path: Path) -> None:
+def test_local_folders_adapters_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("flowrl.models.check_hub_id", lambda spec: None)  # no network: the Hub probe is tested apart
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")

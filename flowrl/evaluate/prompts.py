@@ -103,20 +103,22 @@ def load_prompts(source: Path | str, *, limit: int | None = None) -> tuple[list[
     else:
         rows = data.train.to_list()
     prompts: list[EvalPrompt] = []
-    seen: set[str] = set()
+    seen: dict[str, EvalPrompt] = {}
     for row in rows:
         messages, reference = _row_prompt(row)
         if not any(m.get("role") == "user" for m in messages):
             continue
         key = json.dumps(messages, sort_keys=True, default=str)
-        if key in seen:
+        if key in seen:  # a later row of the same prompt may carry the reference the first one lacked
+            if seen[key].reference is None:
+                seen[key].reference = reference
             continue
-        seen.add(key)
         extra = {k: v for k, v in row.items()
                  if k not in ("prompt", "messages", "chosen", "rejected", "completion", "completions", "tools",
                               "reference_source", *REFERENCE_KEYS)
                  and isinstance(v, (str, int, float, bool, type(None)))}
         prompts.append(EvalPrompt(messages, reference, row.get("tools") or None, extra))
+        seen[key] = prompts[-1]
         if limit and len(prompts) >= limit:
             break
     if not prompts:
@@ -176,18 +178,17 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
     from flowrl.rewards.engine import RewardEngine
 
     started = time.perf_counter()
+    subjects: dict[str, ResolvedModel] = {"model": resolve_model(model)}  # first: a wrong --model fails at once
+    if baseline is None:
+        baseline = default_baseline(model)
+    if baseline:
+        subjects["baseline"] = resolve_model(baseline)
     items, split = load_prompts(prompts, limit=limit)
     engine = RewardEngine.from_config(reward_config) if reward_config else RewardEngine()
     names = rewards or engine.names
     unknown = [n for n in names if n not in engine.rewards]
     if unknown:
         raise ConfigError(f"unknown reward {', '.join(unknown)}: choose from {', '.join(engine.names)}")
-
-    subjects: dict[str, ResolvedModel] = {"model": resolve_model(model)}
-    if baseline is None:
-        baseline = default_baseline(model)
-    if baseline:
-        subjects["baseline"] = resolve_model(baseline)
 
     per_subject: dict[str, dict[str, Any]] = {}
     with engine:  # closes every reward (sandbox workers, judge clients) at the end
