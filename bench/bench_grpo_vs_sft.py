@@ -24,9 +24,7 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -44,6 +42,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    from bench_improve import StageClock  # this folder is on sys.path when the script runs
+
     from flowrl.demo.example_agents import ExampleAgents, example_adapter, example_grade, example_tasks
     from flowrl.evaluate.results import format_table, summarize, write_eval_json
     from flowrl.improve.loop import Improve, ImproveConfig
@@ -53,16 +53,7 @@ def main() -> int:
     model_dir = ensure_default_model()
     train, held_out = example_tasks(args.train_tasks, args.eval_tasks, seed=args.seed)
     episodes = args.train_tasks * args.samples
-    stages: list[dict[str, Any]] = []
-    start = last = time.perf_counter()
-
-    def on_stage(stage: str, summary: str) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        stages.append({"stage": stage, "seconds": round(now - last, 1), "summary": summary,
-                       "load": round(os.getloadavg()[0], 2)})
-        print(f"[{now - start:7.1f} s] {stage:<8} +{now - last:6.1f} s  {summary}", flush=True)
-        last = now
+    on_stage = StageClock()
 
     print(f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}; "
           f"{episodes} agent episodes per arm ({args.train_tasks} tasks x {args.samples})", flush=True)
@@ -98,9 +89,9 @@ def main() -> int:
     print()
     for line in [*format_table(data), "", *format_table(head_to_head)]:
         print(line)
-    wall = time.perf_counter() - start
+    wall = on_stage.elapsed
     (args.out / "bench.json").write_text(json.dumps(
-        {"args": vars(args), "episodes_per_arm": episodes, "wall_s": round(wall, 1), "stages": stages,
+        {"args": vars(args), "episodes_per_arm": episodes, "wall_s": round(wall, 1), "stages": on_stage.stages,
          "arms": data["arms"], "comparisons": data["comparisons"] + head_to_head["comparisons"]},
         indent=2, default=str))
     print(f"\n{wall / 60:.1f} min in all")

@@ -43,6 +43,26 @@ def _cpu() -> str:
     return platform.processor() or "unknown CPU"
 
 
+class StageClock:
+    """`clock(stage, summary)`: prints the stage with its seconds and keeps it (with the load average) in `stages`;
+    `elapsed` is the seconds since the clock was made. The improve loop's `on_stage`; bench_grpo_vs_sft uses it too."""
+
+    def __init__(self) -> None:
+        self.stages: list[dict[str, Any]] = []
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, stage: str, summary: str) -> None:
+        now = time.perf_counter()
+        self.stages.append({"stage": stage, "seconds": round(now - self.last, 1), "summary": summary,
+                            "load": round(os.getloadavg()[0], 2)})
+        print(f"[{now - self.start:7.1f} s] {stage:<8} +{now - self.last:6.1f} s  {summary}", flush=True)
+        self.last = now
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-improve"))
@@ -68,17 +88,7 @@ def main() -> int:
     machine = {"cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
                "load_start": [round(x, 2) for x in os.getloadavg()]}
     print(f"{machine['cores']} cores ({machine['cpu']}), load average {machine['load_start']}", flush=True)
-    stages: list[dict[str, Any]] = []
-    last = time.perf_counter()
-    start = last
-
-    def on_stage(stage: str, summary: str) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        stages.append({"stage": stage, "seconds": round(now - last, 1), "summary": summary,
-                       "load": round(os.getloadavg()[0], 2)})
-        print(f"[{now - start:7.1f} s] {stage:<8} +{now - last:6.1f} s  {summary}", flush=True)
-        last = now
+    on_stage = StageClock()
 
     with ExampleAgents(model_dir, engine=args.engine) as agents:
         cfg = ImproveConfig(out=args.out, rounds=args.rounds, samples=args.samples, method=args.method,
@@ -86,7 +96,7 @@ def main() -> int:
                             concurrency=agents.concurrency, epochs=args.epochs, seed=args.seed)
         on_stage("engine", f"{agents.engine}, {cfg.concurrency} runs at a time")
         results = improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage)
-    wall = time.perf_counter() - start
+    wall = on_stage.elapsed
     machine["load_end"] = [round(x, 2) for x in os.getloadavg()]
 
     rounds = []
@@ -107,7 +117,7 @@ def main() -> int:
     verdict = "met" if all(checks.values()) else "not met (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
     print(f"\n{wall / 60:.1f} min in all; load average {machine['load_start']} -> {machine['load_end']}")
     print(f"target (>= 40% held-out success, p < 0.01, n >= 150, <= 30 min): {verdict}")
-    out = {"args": vars(args), "machine": machine, "wall_s": round(wall, 1), "stages": stages, "rounds": rounds,
+    out = {"args": vars(args), "machine": machine, "wall_s": round(wall, 1), "stages": on_stage.stages, "rounds": rounds,
            "target": {"checks": checks, "met": all(checks.values())}}
     (args.out / "bench.json").write_text(json.dumps(out, indent=2, default=str))
     return 0

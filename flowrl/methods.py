@@ -38,6 +38,11 @@ class MethodSpec:
     trl_module: str = "trl"
     aliases: tuple[str, ...] = ()
 
+    @property
+    def is_grpo(self) -> bool:
+        """A GRPO method (online or offline): it has completions generated or replayed and scored."""
+        return self.trl_config == "GRPOConfig"
+
     def builder_class(self) -> type:
         module, _, name = self.builder.partition(":")
         return getattr(importlib.import_module(module), name)

@@ -128,6 +128,7 @@ def test_an_episode_with_a_cut_reply_or_a_split_sequence_gets_no_loss(tmp_path: 
     rollout = _rollout(tmp_path)
     eos = tiny_model_and_tokenizer()[1].eos_token_id
     trace = SimpleNamespace(tool_calls=[])
+    task = next(iter(rollout.tasks.values()))
 
     def backend(calls: list[CallTokens]) -> _Scripted:
         b = _Scripted([])
@@ -135,18 +136,19 @@ def test_an_episode_with_a_cut_reply_or_a_split_sequence_gets_no_loss(tmp_path: 
         return b
 
     whole = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
-                                       CallTokens([11, 12, 13, eos, 19, 19], [14, eos], [-1.0, -1.0], None)]), "a", trace, None)
+                                       CallTokens([11, 12, 13, eos, 19, 19], [14, eos], [-1.0, -1.0], None)]), task, "a", trace, None)
     assert whole.masked is None and whole.completion_ids == [13, eos, 19, 19, 14, eos]
     assert whole.env_mask == [1, 1, 0, 0, 1, 1] and whole.tool_tokens == 2
-    cut = rollout._assemble(backend([CallTokens([11, 12], [13, 13], [-1.0, -1.0], None)]), "a", trace, None)
+    cut = rollout._assemble(backend([CallTokens([11, 12], [13, 13], [-1.0, -1.0], None)]), task, "a", trace, None)
     assert cut.masked == "cut" and cut.env_mask == [0, 0]
     split = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
-                                       CallTokens([17, 17, 17], [14, eos], [-1.0, -1.0], None)]), "a", trace, None)
+                                       CallTokens([17, 17, 17], [14, eos], [-1.0, -1.0], None)]), task, "a", trace, None)
     assert split.masked == "split" and set(split.env_mask) == {0}
-    lost = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None)]), "a", None, None)
+    lost = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None)]), task, "a", None, None)
     assert lost.masked == "no_trace"
-    none = rollout._assemble(backend([]), "", None, "RuntimeError: down")
-    assert none.masked == "no_llm_call" and none.env_mask == [0] and none.prompt_ids
+    none = rollout._assemble(backend([]), task, "", None, "RuntimeError: down")
+    assert none.masked == "no_llm_call" and none.env_mask == [0]
+    assert none.prompt_ids == _Scripted([]).render(task.prompt)  # the task's user turn, as the agent was asked
 
 
 def test_zero_variance_groups_are_dropped_from_the_loss_and_the_normaliser() -> None:
@@ -168,6 +170,8 @@ def test_tasks_come_from_host_objects_or_dataset_rows_and_repeated_queries_are_s
     task = rollout_task(row)
     assert (task.task_id, task.query, task.reference, task.host) == ("r1", "What is 2+2?", "4", row)
     assert rollout_task(SimpleNamespace(task_id="h", query="q", answer=7)).reference == "7"
+    guessed = {"prompt": row["prompt"], "reference_answer": "The answer is 4.", "reference_source": "best_trace"}
+    assert rollout_task(guessed).reference is None  # taken from another run's answer: no reference
     with pytest.raises(FlowRLError, match="no query"):
         rollout_task({"prompt": []}, 3)
     rollout = AgentRollout(scripted_adapter(), [*TASKS, dict(TASKS[0], task_id="again")], store=tmp_path,

@@ -1,7 +1,7 @@
 """Online GRPO through the agent: what `flowrl train --method grpo --agent ...` adds to TRL's GRPOTrainer.
 
-- `resolve_adapter(spec)`: `example` (the example agent and its generated task suite) or `module:function`, a
-  function of yours that returns an `AgentAdapter` (flowrl.train.agent_rollout).
+- `resolve_adapter(spec)`: `module:function`, a function of yours that returns an `AgentAdapter`
+  (flowrl.train.agent_rollout); the CLI maps `example` to the example agent's (flowrl.demo.example_agents).
 - `agent_grpo(...)`: the rollout (`AgentRollout`), the reward functions and what was decided. The rewards are
   flowrl's reward engine applied to each rollout's executed trace (`flowrl_trace`), with correctness dominant as in
   the engine (reference_answer 20, task_completion 10, the style rewards 6.5 together), plus `host_grade` when the
@@ -40,14 +40,13 @@ def resolve_adapter(spec: str | AgentAdapter | Callable[[], AgentAdapter]) -> Ag
     if callable(spec):
         made = spec()
     else:
-        target = spec
-        module_name, _, name = target.partition(":")
+        module_name, _, name = spec.partition(":")
         if not module_name or not name:
             raise ConfigError(f"--agent {spec!r}: use `example` or `module:function` (a function returning an AgentAdapter)")
         try:
             factory = getattr(importlib.import_module(module_name), name)
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"--agent {spec!r}: cannot import {target} ({exc})") from exc
+            raise ConfigError(f"--agent {spec!r}: cannot import {spec} ({exc})") from exc
         made = factory()
     if not isinstance(made, AgentAdapter):
         raise ConfigError(f"--agent {spec!r} returned a {type(made).__name__}, not a flowrl.train.agent_rollout.AgentAdapter")
@@ -57,13 +56,12 @@ def resolve_adapter(spec: str | AgentAdapter | Callable[[], AgentAdapter]) -> Ag
 def tasks_data(adapter: AgentAdapter) -> Any:
     """The adapter's tasks as the run's dataset (`LoadedData`): one `prompt` row per task."""
     from flowrl.errors import require
-    from flowrl.train.agent_rollout import rollout_task
+    from flowrl.train.agent_rollout import rollout_task, task_rows
     from flowrl.train.data_io import LoadedData
 
-    tasks = [rollout_task(t, i) for i, t in enumerate(adapter.tasks)]
-    if not tasks:
+    rows = task_rows(rollout_task(t, i) for i, t in enumerate(adapter.tasks))
+    if not rows:
         raise ConfigError(f"agent {adapter.name} brings no training tasks: pass --dataset, or give the AgentAdapter tasks")
-    rows = [{"prompt": t.prompt, "task_id": t.task_id} for t in tasks]
     return LoadedData(train=require("datasets").Dataset.from_list(rows), eval=None,
                       meta={"method": "grpo"}, source=f"{len(rows)} tasks of {adapter.name}")
 

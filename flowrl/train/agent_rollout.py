@@ -30,14 +30,14 @@ import asyncio
 import copy
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import FlowRLError, require
-from flowrl.facts import REFERENCE_KEYS
+from flowrl.facts import REFERENCE_KEYS, reference_in
 from flowrl.train.chat_backend import Completion, TokensInBackend
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ async def default_train_run(agent: Any, task: Any) -> str:
 
 @dataclass
 class AgentAdapter:
-    """How online GRPO runs your agent (docs/training.md, "Online GRPO through your agent").
+    """How online GRPO runs your agent (docs/training.md, "GRPO through the agent").
 
     - `make_agent(backend)`: a fresh agent, its tools included, whose LLM calls go to `backend` (a `ChatBackend`:
       `complete(messages) -> Completion`). Called once per rollout, so a new agent is the reset.
@@ -250,9 +250,15 @@ def rollout_task(task: Any, index: int = 0) -> RolloutTask:
         query = prompt
     if not isinstance(query, str) or not query.strip():
         raise FlowRLError(f"training task {index} has no query (a `query`, or a `prompt` with a user turn): fix the task list")
-    reference = next((str(v) for k in REFERENCE_KEYS if (v := _field(task, k)) not in (None, "")), None)
+    columns = task if isinstance(task, dict) else {k: _field(task, k) for k in (*REFERENCE_KEYS, "reference_source")}
+    reference = reference_in(columns)  # never one a dataset builder guessed from another run's answer
     task_id = _field(task, "task_id") or _field(task, "group_key") or f"task-{index}"
     return RolloutTask(str(task_id), query, reference, task)
+
+
+def task_rows(tasks: Iterable[RolloutTask]) -> list[dict[str, Any]]:
+    """The dataset rows TRL iterates over: each task's prompt (what the rollout looks the task up by) and id."""
+    return [{"prompt": t.prompt, "task_id": t.task_id} for t in tasks]
 
 
 @dataclass
@@ -321,8 +327,7 @@ class AgentRollout:
         self._said: set[str] = set()
 
     def train_dataset(self) -> Any:
-        datasets = require("datasets")
-        return datasets.Dataset.from_list([{"prompt": t.prompt, "task_id": t.task_id} for t in self.tasks.values()])
+        return require("datasets").Dataset.from_list(task_rows(self.tasks.values()))
 
     # ------------------------------------------------------------------ TRL's hook
 
@@ -379,16 +384,17 @@ class AgentRollout:
         finally:
             hook.flush()
             hook.unhook()
-        return self._assemble(backend, answer, got.get("trace"), error)
+        return self._assemble(backend, task, answer, got.get("trace"), error)
 
-    def _assemble(self, backend: PolicyBackend, answer: str, trace: Any, error: str | None) -> Episode:
+    def _assemble(self, backend: PolicyBackend, task: RolloutTask, answer: str, trace: Any,
+                  error: str | None) -> Episode:
         from flowrl.data.tokens import merge_calls
 
         calls = backend.calls
         masked = None
         if not calls:
             masked = "no_llm_call"
-            prompt = backend.render([{"role": "user", "content": answer or "-"}])
+            prompt = backend.render(task.prompt)
             completion, mask, logps = [self._end_token(backend)], [0], [0.0]
         else:
             sequences = merge_calls(calls)

@@ -124,6 +124,8 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
+        from flowrl.methods import get_method
+
         if self.reward_weights is not None and self.rewards is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} values for {len(self.rewards)} rewards")
         if self.max_steps == 0 or self.max_steps < -1:
@@ -133,16 +135,11 @@ class TrainingConfig(_Strict):
         if self.use_vllm and self.agent is not None and self.vllm_mode != "colocate":
             raise ValueError("vllm_mode: rollouts through an agent generate with colocated vLLM only "
                              "(--vllm-mode colocate); server mode gathers prompts across ranks per call")
-        if self.use_vllm and not self._is_grpo():
+        if self.use_vllm and not get_method(self.method).is_grpo:
             raise ValueError(f"use_vllm: vLLM generates GRPO completions; {self.method} does not generate")
         if self.dataset is None and self.agent is None:
             raise ValueError("dataset: give a dataset (or, for --method grpo, an agent whose tasks to train on)")
         return self
-
-    def _is_grpo(self) -> bool:
-        from flowrl.methods import get_method
-
-        return get_method(self.method).trl_config == "GRPOConfig"
 
     @property
     def resolved_temperature(self) -> float:

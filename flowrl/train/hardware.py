@@ -202,7 +202,7 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
     from flowrl.methods import get_method
 
     spec = get_method(config.method)
-    if spec.trl_config == "GRPOConfig":
+    if spec.is_grpo:
         if config.num_generations is None:
             generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
         elif (batch * world * accumulation) % generations:

@@ -37,7 +37,7 @@ def trl_classes(method: str) -> tuple[type, type]:
 
 
 def _is_grpo(method: str) -> bool:
-    return get_method(method).trl_config == "GRPOConfig"
+    return get_method(method).is_grpo
 
 
 def _encoding(method: str) -> str | None:
