@@ -15,6 +15,9 @@ _EXPORTS: dict[str, str] = {
     "hook_into_agent": "flowrl.capture",
     "Hook": "flowrl.capture",
     "TraceCollector": "flowrl.capture",
+    "current_run": "flowrl.capture.run_handle",
+    "RunHandle": "flowrl.capture.run_handle",
+    "HostOutcome": "flowrl.outcomes",
     # schema and store
     "ExecutionTrace": "flowrl.schema",
     "ToolCallTrace": "flowrl.schema",

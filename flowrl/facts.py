@@ -11,20 +11,23 @@ trace means the same thing to each of them. The rules, one each:
    that raised. A call without a result, flag or error cannot be judged (None). The calls of a trace
    (`tool_calls`) are its logged `tool_calls` plus the transcript's calls that no entry records, one per
    call id; `final_answer` steers the loop and is not counted as a tool.
-2. **The run's outcome** (`run_outcome`), first match wins: an error answer (`Error:`, `Error executing`,
-   `System-Error`, after any leading `<think>` block) -> 0; a failed status (`max_iterations`, `cancelled`,
-   `failed`, `error`) -> 0, an unfinished one (`running`, `paused`) -> None; the `final_answer` call's own
-   `success` flag; the trace's `success`; toolboxv2's `tasks_completed` vs `tasks_failed` -> their share;
-   status `completed` with an answer -> 1; else None. What a run reported about itself (the first four
-   steps) is what capture stores as `success` (`reported_success`).
+2. **The run's outcome** (`run_outcome`), first match wins: the host's `success` (`flowrl.outcomes`, said
+   during the run or later); an error answer (`Error:`, `Error executing`, `System-Error`, after any leading
+   `<think>` block) -> 0; a failed status (`max_iterations`, `cancelled`, `failed`, `error`) -> 0, an
+   unfinished one (`running`, `paused`) -> None; the `final_answer` call's own `success` flag; the trace's
+   `success`; toolboxv2's `tasks_completed` vs `tasks_failed` -> their share; status `completed` with an answer
+   -> 1; else None. What a run reported about itself (the error answer to the trace's `success`) is what
+   capture stores as `success` (`reported_success`).
 3. **The task key** (`task_key`): the host's `group_key` when set, else the user turn after `query_key`
    (case, runs of spaces and trailing `.?!` ignored): "What is 2+2?" and "what is 2+2" are one task.
-4. **The reference answer** (`reference`): the first of `REFERENCE_KEYS` set in the trace's metadata, else
-   in the dataset columns a fresh completion carries (`metadata.grpo_columns`). A value a dataset builder
-   took from another run's answer (`reference_source == "best_trace"`) is a guess, never a reference.
-5. **The label** (`label_at`): a manual label always wins; else, with a score, the run is good when the
-   score reaches the threshold (`DEFAULT_THRESHOLD`, 0.6, unless one is given) and no correctness reward
-   (`CORRECTNESS`) is 0; a label the engine stored stands when no threshold is asked for.
+4. **The reference answer** (`reference`): the host's outcome's reference, else the first of `REFERENCE_KEYS`
+   set in the trace's metadata, else in the dataset columns a fresh completion carries
+   (`metadata.grpo_columns`). A value a dataset builder took from another run's answer
+   (`reference_source == "best_trace"`) is a guess, never a reference.
+5. **The label** (`label_at`): a manual label always wins; then the host's `success`; else, with a score,
+   the run is good when the score reaches the threshold (`DEFAULT_THRESHOLD`, 0.6, unless one is given) and
+   no correctness reward (`CORRECTNESS`) is 0; a label the engine stored stands when no threshold is asked
+   for.
 
 Capture and ingest store the facts on the trace (`ExecutionTrace.facts`, schema version 3; older files get
 them on upgrade); a trace without them (one built in memory: a fresh GRPO completion, an eval answer) gets
@@ -34,8 +37,8 @@ stored copy; the task's facts (key, reference) come from fields the host may set
 trace is written (`ExecutionTrace.to_dict`). Labels depend on scores given later and are never stored here.
 
 The stored shape (`TraceFacts`, `ToolTally`) is defined here, beside the rules that fill it; the schema embeds
-it. So the import runs one way: `flowrl.schema` imports this module, which imports only `flowrl.transcript`
-(the trace types below are for annotations only), and no import circle forms.
+it. So the import runs one way: `flowrl.schema` imports this module, which imports only `flowrl.transcript` and
+`flowrl.outcomes` (the trace types below are for annotations only), and no import circle forms.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowrl.outcomes import HostVerdict, merge
 from flowrl.transcript import (
     FINAL_ANSWER,
     TranscriptCall,
@@ -69,7 +73,7 @@ UNFINISHED_STATUSES = frozenset({"running", "paused", "learning"})
 # Where a host puts a task's reference answer (metadata) or a dataset row carries it (columns); first wins.
 REFERENCE_KEYS: tuple[str, ...] = ("reference_answer", "expected_answer", "reference", "expected", "answer")
 GUESSED_REFERENCE = "best_trace"  # reference_source of a reference taken from another run's answer
-CORRECTNESS: tuple[str, ...] = ("reference_answer", "task_completion")  # at 0, the run failed its task
+CORRECTNESS: tuple[str, ...] = ("reference_answer", "task_completion", "host_outcome")  # at 0, the run failed its task
 DEFAULT_THRESHOLD = 0.6
 
 _TOOL_ERROR_PREFIXES = ("Error", "System-Error")
@@ -342,8 +346,17 @@ def compute_outcome(trace: ExecutionTrace, *, error_prefixes: tuple[str, ...] = 
                           error_prefixes=error_prefixes)
 
 
+def host_verdict(trace: ExecutionTrace) -> HostVerdict:
+    """The host's outcomes of the run read as one (`flowrl.outcomes.merge`; empty when it has none)."""
+    return merge(getattr(trace, "outcomes", None) or ())
+
+
 def run_outcome(trace: ExecutionTrace) -> Outcome:
-    """The run's outcome: the stored fact when the trace has one, else decided now."""
+    """The run's outcome: the host's `success` when it gave one, else the stored fact when the trace has one,
+    else decided now."""
+    verdict = host_verdict(trace)
+    if verdict.success is not None:
+        return Outcome(1.0 if verdict.success else 0.0, "host", {"by": verdict.success_by})
     if trace.facts is not None:
         return Outcome(trace.facts.outcome, trace.facts.outcome_source, dict(trace.facts.outcome_detail))
     return compute_outcome(trace)
@@ -391,7 +404,11 @@ def reference_in(columns: Mapping[str, Any] | None) -> str | None:
 
 
 def reference(trace: ExecutionTrace) -> Reference:
-    """The trace's reference: host metadata first, else the dataset columns of a fresh completion."""
+    """The trace's reference: the host's outcome first, then host metadata, then the dataset columns of a fresh
+    completion."""
+    answer = host_verdict(trace).reference
+    if answer is not None:
+        return Reference(answer, "host")
     answer = reference_in(trace.metadata)
     if answer is not None:
         return Reference(answer, "metadata")
@@ -429,11 +446,14 @@ def label_for(score: float | None, *, threshold: float = DEFAULT_THRESHOLD,
 
 
 def label_at(trace: ExecutionTrace, threshold: float | None = None) -> tuple[bool | None, str]:
-    """(label, where it came from: manual, threshold, engine or none). A manual label always wins; then
-    `label_for(reward_score)` at `threshold` when one is given; then the engine's stored label; then
-    `label_for(reward_score)` at `DEFAULT_THRESHOLD`."""
+    """(label, where it came from: manual, host, threshold, engine or none). A manual label always wins; then
+    the host's `success`; then `label_for(reward_score)` at `threshold` when one is given; then the engine's
+    stored label; then `label_for(reward_score)` at `DEFAULT_THRESHOLD`."""
     if is_manual_label(trace):
         return bool(trace.label), "manual"
+    verdict = host_verdict(trace)
+    if verdict.success is not None:
+        return verdict.success, "host"
     score = trace.reward_score
     if score is not None and math.isnan(score):
         score = None
@@ -489,7 +509,7 @@ __all__ = [
     "CONTROL_TOOLS", "CORRECTNESS", "DEFAULT_THRESHOLD", "ERROR_PREFIXES", "FAILED_STATUSES", "GUESSED_REFERENCE",
     "REFERENCE_KEYS", "UNFINISHED_STATUSES", "Outcome", "Reference", "ToolCallView", "ToolTally", "TraceFacts",
     "answer_text",
-    "compute_outcome", "decide_outcome", "error_answer", "final_answer_call", "is_manual_label", "honest_tool_calls",
+    "compute_outcome", "decide_outcome", "host_verdict", "error_answer", "final_answer_call", "is_manual_label", "honest_tool_calls",
     "label_at", "label_for", "query_key", "recorded_transcript", "reference", "reference_in", "reported_success",
     "result_failed", "run_outcome", "stored_facts", "tally_tools", "task_key", "tool_calls", "tool_failed",
     "tool_tallies", "trace_facts",

@@ -8,8 +8,8 @@ ordered list of small functions in `MIGRATIONS`, each taking a dict of version N
 
 What a trace means (a tool failed, the run's outcome, its task, its reference answer, its label) is decided
 by `flowrl.facts`, the module beside this one; its decisions are stored in `facts` (`TraceFacts`, defined
-there with the rules that fill it). This module imports only `flowrl.facts`, `flowrl.transcript` and
-`flowrl.errors`, which import nothing of flowrl's above them: no import circle.
+there with the rules that fill it). This module imports only `flowrl.facts`, `flowrl.outcomes`, `flowrl.transcript`
+and `flowrl.errors`, which import nothing of flowrl's above them: no import circle.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flowrl.errors import SchemaError
 from flowrl.facts import TraceFacts, honest_tool_calls, result_failed, stored_facts, trace_facts
+from flowrl.outcomes import HostOutcome
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,9 @@ class ExecutionTrace(_Model):
     group_key: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     facts: TraceFacts | None = None
+    # the host's outcomes (`flowrl.outcomes`): side records the store attaches when it reads the trace, never
+    # written into the trace file (a re-score rewrites that file; the side records are append-only)
+    outcomes: list[HostOutcome] = Field(default_factory=list, exclude=True)
 
     def date(self) -> str:
         """The store's date folder for this trace (YYYY-MM-DD), from `timestamp`."""

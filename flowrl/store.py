@@ -49,8 +49,9 @@ from typing import Any
 
 import orjson
 
-from flowrl.errors import SchemaError, StoreError
+from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.facts import is_manual_label
+from flowrl.outcomes import HostOutcome, make_outcome
 from flowrl.schema import ExecutionTrace, load_trace
 from flowrl.store_index import (
     STAGING,
@@ -65,10 +66,11 @@ from flowrl.store_index import (
     trace_files,
     valid_day,
 )
+from flowrl.store_outcomes import OUTCOMES, append_outcomes, ids_with_outcomes, read_outcomes
 
 log = logging.getLogger(__name__)
 
-_TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 LOCK_NAME = ".flowrl-store.lock"
 
 
@@ -288,7 +290,7 @@ class TraceStore:
                 return self.write(trace)
             if not is_manual_label(trace):
                 try:
-                    stored = self.read_path(existing)
+                    stored = self.read_file(existing)
                 except SchemaError:
                     stored = None
                 if stored is not None and is_manual_label(stored):
@@ -366,9 +368,18 @@ class TraceStore:
             raise StoreError(f"no trace {trace_id!r} under {self.root}: list them with `flowrl traces ls`")
         return self.read_path(path)
 
+    def read_path(self, path: Path, *, outcome_ids: set[str] | None = None) -> ExecutionTrace:
+        """Load one stored trace with its host outcomes (`trace.outcomes`). Raises SchemaError naming the file
+        when it is not a valid trace. `outcome_ids` (a listing's `ids_with_outcomes`) saves a lookup per file."""
+        trace = self.read_file(path)
+        if outcome_ids is None or trace.trace_id in outcome_ids:
+            trace.outcomes = read_outcomes(self.root, trace.trace_id, self._skipper(self._begin_or_current()))
+        return trace
+
     @staticmethod
-    def read_path(path: Path) -> ExecutionTrace:
-        """Load one trace file. Raises SchemaError naming the file when it is not a valid trace."""
+    def read_file(path: Path) -> ExecutionTrace:
+        """Load one trace file as it is (no side records). Raises SchemaError naming the file when it is not a
+        valid trace."""
         try:
             raw = read_regular_file(path)
         except OSError as exc:
@@ -382,6 +393,44 @@ class TraceStore:
         if isinstance(data, dict) and not data.get("trace_id"):
             data["trace_id"] = _id_from_name(Path(path))
         return load_trace(data, origin=str(path))
+
+    # -- the host's outcomes (side records, `flowrl.store_outcomes`) ----------------------------------
+    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, **fields: Any) -> HostOutcome:
+        """Append an outcome to a run: a `HostOutcome`, or its fields (`reference`, `success`, `rewards`,
+        `feedback`, `source`). Append-only and durable when it returns; the trace file is not touched, so it
+        may be recorded before the trace is written. ConfigError names a value that cannot be one."""
+        _check_id(trace_id)
+        if outcome is None:
+            outcome = make_outcome(**fields)
+        elif fields:
+            raise ConfigError("give an outcome or its fields, not both")
+        self.record_outcomes(trace_id, [outcome])
+        return outcome
+
+    def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
+        """Append checked outcomes to a run's side records, in one durable write."""
+        _check_id(trace_id)
+        try:
+            append_outcomes(self.root, trace_id, outcomes)
+        except OSError as exc:
+            raise StoreError(f"cannot record an outcome under {self.root / OUTCOMES}: {exc.strerror or exc}: "
+                             "check the store's permissions and free space") from exc
+
+    def outcomes(self, trace_id: str) -> list[HostOutcome]:
+        """The run's outcomes in the order they were recorded."""
+        _check_id(trace_id)
+        return read_outcomes(self.root, trace_id, self._skipper(self._begin_or_current()))
+
+    def _begin_or_current(self) -> ReadProblems:
+        return self._ops.current if self._ops.current is not None else self._ops.last
+
+    @staticmethod
+    def _skipper(problems: ReadProblems) -> Callable[[Path, str], None]:
+        def skip(path: Path, message: str) -> None:
+            if problems.add(ReadProblem(path, message)):
+                log.warning("flowrl: skipping %s", message)
+
+        return skip
 
     def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
         """Stored trace files, oldest day first. Outside an `operation()`, a listing starts a fresh
@@ -405,9 +454,10 @@ class TraceStore:
         if flt is None:
             flt = TraceFilter(**{k: _coerce_date(k, v) for k, v in filters.items()})
         problems = self._begin()
+        outcome_ids = ids_with_outcomes(self.root)
         for path in self._paths(flt, problems):
             try:
-                trace = self.read_path(path)
+                trace = self.read_path(path, outcome_ids=outcome_ids)
             except SchemaError as exc:
                 if problems.add(ReadProblem(path, str(exc))):
                     log.warning("flowrl: skipping %s", exc)
@@ -441,12 +491,12 @@ def _day_of(trace: ExecutionTrace) -> str:
 def _id_from_name(path: Path) -> str:
     """The id of a stored file without a `trace_id`: its file name, which is what `find` knows it by, so a
     rewrite (`flowrl score`, `label`) lands on this same file instead of adding a copy at each read."""
-    if not _TRACE_ID.match(path.stem):
+    if not TRACE_ID.match(path.stem):
         raise SchemaError(f"{path}: no trace_id, and the file name is not a usable one (letters, digits, '_', "
                           "'-', '.'): add a \"trace_id\" field or rename the file")
     return path.stem
 
 
 def _check_id(trace_id: str) -> None:
-    if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
+    if not isinstance(trace_id, str) or not TRACE_ID.match(trace_id):
         raise StoreError(f"invalid trace id {trace_id!r}: use letters, digits, '_', '-' and '.'")

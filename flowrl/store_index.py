@@ -145,7 +145,7 @@ def atomic_write_bytes(path: Path, data: bytes, staging: Path | None = None, *, 
     except BaseException:
         _unlink(tmp)
         raise
-    _sync_folder(path.parent)
+    sync_folder(path.parent)
 
 
 def put_files(root: Path, items: Iterable[tuple[str, str, bytes]], bulk: bool) -> None:
@@ -159,7 +159,7 @@ def put_files(root: Path, items: Iterable[tuple[str, str, bytes]], bulk: bool) -
     def folder(name: str) -> Path:
         nonlocal created
         if name not in folders:
-            folders[name], new = _real_folder(root, name)
+            folders[name], new = real_folder(root, name)
             created = created or new
         return folders[name]
 
@@ -179,12 +179,12 @@ def put_files(root: Path, items: Iterable[tuple[str, str, bytes]], bulk: bool) -
             _unlink(tmp)
         raise
     for day in dict.fromkeys(day for _, day, _ in staged):
-        _sync_folder(folders[day])
+        sync_folder(folders[day])
     if created:
-        _sync_folder(root)
+        sync_folder(root)
 
 
-def _real_folder(root: Path, name: str) -> tuple[Path, bool]:
+def real_folder(root: Path, name: str) -> tuple[Path, bool]:
     """`root/name` as a real folder, created when missing (True then). A symbolic link in its place is replaced by
     a folder, since writing through it would leave the root; only the link is removed, never what it points to.
     Anything else there (a file) is an error that names it."""
@@ -234,7 +234,7 @@ def _unlink(path: str | Path) -> None:
         os.unlink(path)
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """fsync a folder, so that names renamed into it survive a power cut. Windows has no folder handle to sync;
     a filesystem that refuses (EINVAL) makes renames as durable as it makes them."""
     if os.name == "nt":  # pragma: no cover - Windows

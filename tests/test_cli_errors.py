@@ -17,7 +17,7 @@ from flowrl.cli import main
 CASES = [
     (["nosuchcmd"], "No such command 'nosuchcmd'"),
     (["ingest", "--nosuchopt"], "--nosuchopt"),  # "No such option: --x" (vendored click) or "... '--x'." (click 8.5)
-    (["traces"], "List, show and label stored traces"),
+    (["traces"], "List, show, label and annotate stored traces"),
     (["train", "--max-steps", "many"], "Invalid value for '--max-steps'"),
 ]
 

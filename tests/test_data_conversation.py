@@ -35,7 +35,7 @@ def test_unparseable_arguments_are_kept_as_text() -> None:
 
 
 def test_rl_traces_import_without_messages_gets_a_synthesised_conversation() -> None:
-    trace = TraceStore.read_path(RL_TRACES / "2026-11-22" / "0498911e921f.json")
+    trace = TraceStore.read_file(RL_TRACES / "2026-11-22" / "0498911e921f.json")
     assert trace.metadata["transcript"] == "synthesized"  # the schema upgrade synthesised its messages
     conv = trace_conversation(trace)
     assert conv.synthesized
@@ -104,5 +104,5 @@ def test_normalize_query() -> None:
 
 def test_fixture_files_still_load() -> None:
     for path in (RL_TRACES / "2026-11-22").glob("*.json"):
-        conv = trace_conversation(TraceStore.read_path(path))
+        conv = trace_conversation(TraceStore.read_file(path))
         assert conv.prompt_end == 1 and conv.assistant_indices(), json.dumps(conv.messages)[:200]

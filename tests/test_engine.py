@@ -49,14 +49,15 @@ def no_code_config(tmp_path: Path, body: str = "") -> Path:
 
 def test_default_weights_are_toolboxv2s_style_with_dominant_correctness():
     assert DEFAULT_WEIGHTS == {"code_execution": 2.0, "syntax": 1.0, "tool_success": 2.0, "task_completion": 10.0,
-                               "efficiency": 0.5, "format": 1.0, "reference_answer": 20.0}  # see engine.py's docstring
+                               "efficiency": 0.5, "format": 1.0, "reference_answer": 20.0,
+                               "host_outcome": 40.0}  # see engine.py's docstring
 
 
 def test_default_engine_includes_code_execution():
     engine = RewardEngine()
     try:
         assert engine.names == ["code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format",
-                                "reference_answer"]
+                                "reference_answer", "host_outcome"]
         assert engine.weights["code_execution"] == 2.0
         from flowrl.rewards import CodeExecutionReward
 

@@ -146,19 +146,20 @@ class _Named(Reward):
         self.name = name
 
 
-@pytest.mark.parametrize("correctness", ["reference_answer", "task_completion"])
+@pytest.mark.parametrize("correctness", ["reference_answer", "task_completion", "host_outcome"])
 def test_wrong_never_outscores_right_whatever_the_style_rewards_say(correctness):
     weights = {**DEFAULT_WEIGHTS, "learned": 1.0, "judge": 1.0}  # the worst case: both optional rewards on
     engine = RewardEngine({n: _Named(n) for n in weights}, weights)
-    style = [n for n in weights if n not in ("reference_answer", "task_completion")]
-    if correctness == "reference_answer":
-        style.append("task_completion")  # the agent's own claim does not outvote the known answer
+    ranked = ("task_completion", "reference_answer", "host_outcome")  # each outranks the ones before it
+    style = [n for n in weights if n not in ranked]
+    style += ranked[:ranked.index(correctness)]  # what the agent claimed does not outvote the known answer, and
+    # neither outvotes the host's verdict
+    silent = ranked[ranked.index(correctness) + 1:]  # no known answer, no word from the host
     options = (None, 0.0, 1.0)
 
     def combined(value: float, others: tuple) -> float:
         results = {n: RewardResult(v) for n, v in zip(style, others)}
-        if correctness == "task_completion":
-            results["reference_answer"] = RewardResult(None)
+        results.update({n: RewardResult(None) for n in silent})
         return engine.compute_combined({**results, correctness: RewardResult(value)})
 
     best_wrong = max(combined(0.0, o) for o in itertools.product(options, repeat=len(style)))
@@ -168,7 +169,7 @@ def test_wrong_never_outscores_right_whatever_the_style_rewards_say(correctness)
 
 def test_right_run_reaches_the_threshold_with_every_default_style_reward_at_zero():
     engine = RewardEngine({n: _Named(n) for n in DEFAULT_WEIGHTS}, DEFAULT_WEIGHTS)
-    zeros = {n: RewardResult(0.0) for n in DEFAULT_WEIGHTS}
+    zeros = {n: RewardResult(0.0) for n in DEFAULT_WEIGHTS} | {"host_outcome": RewardResult(None)}  # host silent
     assert engine.compute_combined({**zeros, "reference_answer": RewardResult(None), "task_completion": RewardResult(1.0)}) >= 0.6
     assert engine.compute_combined({**zeros, "reference_answer": RewardResult(1.0), "task_completion": RewardResult(None)}) >= 0.6
     assert engine.get_binary_label({**zeros, "reference_answer": RewardResult(1.0)}) is False  # task_completion 0: gated

@@ -17,7 +17,7 @@ from flowrl.schema import ExecutionTrace, ToolCallTrace, load_trace
 from flowrl.store import TraceStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering"
-NAMES = ["syntax", "tool_success", "task_completion", "efficiency", "format", "reference_answer"]
+NAMES = ["syntax", "tool_success", "task_completion", "efficiency", "format", "reference_answer", "host_outcome"]
 
 
 def fill_store(root: Path) -> TraceStore:

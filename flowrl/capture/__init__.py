@@ -5,12 +5,14 @@ and `generic.py` (adapters: map a framework's calls onto the trace model), `reco
 state in a context variable; the hot path), `collector.py` (`TraceCollector`: one per store per
 process, shared by every hook writing there; a hook is a `Registration` on it; the queue, the writer
 thread and its I/O threads), `assemble.py` (record -> trace) and `masking.py` (secrets out), both on
-the writer thread, `_patch.py` (class patches with an instance filter).
+the writer thread, `_patch.py` (class patches with an instance filter), `run_handle.py` (`current_run()`:
+the host's handle on the run it is inside, to record its outcome).
 """
 
 from __future__ import annotations
 
 from flowrl.capture.collector import CaptureStats, TraceCollector
 from flowrl.capture.hook import Hook, hook_into_agent
+from flowrl.capture.run_handle import RunHandle, current_run
 
-__all__ = ["CaptureStats", "Hook", "TraceCollector", "hook_into_agent"]
+__all__ = ["CaptureStats", "Hook", "RunHandle", "TraceCollector", "current_run", "hook_into_agent"]

@@ -404,6 +404,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         metadata["unreadable_messages"] = b.unreadable_messages
 
     return {
+        "trace_id": rec.trace_id,
         "session_id": v.text(rec.session_id) or "default",
         "timestamp": timestamp,
         "user_query": query,
@@ -427,4 +428,5 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         "tools": _tools_offered(v, events),
         "llm_calls": llm_calls,
         "metadata": metadata,
+        "outcomes": [o.model_dump(mode="json") for o in rec.take_outcomes()],
     }

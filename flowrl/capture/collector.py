@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.capture.assemble import complete_trace
-from flowrl.capture.masking import redact_trace
+from flowrl.capture.masking import redact_outcomes, redact_trace
 from flowrl.capture.registration import (
     BATCH_MAX,
     DEFAULT_EXIT_TIMEOUT,
@@ -53,6 +53,7 @@ from flowrl.capture.registration import (
     check_queue_size,
 )
 from flowrl.capture.values import Values
+from flowrl.outcomes import HostOutcome
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace, load_trace
 from flowrl.store import TraceStore
@@ -403,6 +404,9 @@ class TraceCollector:
                 break
             held.append(item)
             item.reg.taken += 1
+            if isinstance(item.record, OutcomeRecord):  # said after its run was handed over: written here
+                self._finished(item, self._save_outcomes(item.record.trace_id, item.record.outcomes, item.reg))
+                continue
             trace = self._build(item.record, item.reg)
             if trace is None:
                 self._finished(item, False)
@@ -482,7 +486,7 @@ class TraceCollector:
             else:
                 for trace, item in batch:
                     self._written(trace, item.reg)
-                    self._finished(item, True)
+                    self._finished(item, self._save_outcomes(trace.trace_id, trace.outcomes, item.reg, masked=True))
                 return
         for trace, item in batch:
             self._finished(item, self._write(trace, item.reg))
@@ -532,6 +536,24 @@ class TraceCollector:
             self._fail(reg, f"writing a trace to {self.store.root}", exc)
             return False
         self._written(trace, reg)
+        return self._save_outcomes(trace.trace_id, trace.outcomes, reg, masked=True)
+
+    def _save_outcomes(self, trace_id: str, outcomes: list[HostOutcome], reg: Registration, *,
+                       masked: bool = False) -> bool:
+        """Append the host's outcomes of one run to the store's side records, masked like the trace (those
+        said during the run were masked with it: `masked`)."""
+        if not outcomes:
+            return True
+        try:
+            if reg.redactor is not None and not masked:
+                masked = redact_outcomes(reg.redactor, [o.model_dump(mode="json") for o in outcomes])
+                outcomes = [HostOutcome.model_validate(o) for o in masked]
+            self.store.record_outcomes(trace_id, outcomes)
+        except BaseException as exc:
+            reg.count("outcome_errors")
+            self._fail(reg, f"recording an outcome of {trace_id} in {self.store.root}", exc)
+            return False
+        reg.count("outcomes", len(outcomes))
         return True
 
     def _written(self, trace: ExecutionTrace, reg: Registration) -> None:
@@ -626,6 +648,15 @@ class _Item:
 
     def __init__(self, record: Any, reg: Registration) -> None:
         self.record, self.reg, self.done = record, reg, False
+
+
+class OutcomeRecord:
+    """Outcomes the host said about a run after it was handed to the writer (`Hook.record_outcome`)."""
+
+    __slots__ = ("outcomes", "trace_id")
+
+    def __init__(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
+        self.trace_id, self.outcomes = trace_id, outcomes
 
 
 class _Ready:

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowrl.capture import _patch
@@ -28,6 +28,7 @@ from flowrl.capture.collector import (
     DEFAULT_MAX_CHARS,
     DEFAULT_QUEUE_SIZE,
     CaptureStats,
+    OutcomeRecord,
     Registration,
     TraceCollector,
     as_store,
@@ -36,8 +37,9 @@ from flowrl.capture.collector import (
 )
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
+from flowrl.outcomes import HostOutcome, make_outcome
 from flowrl.schema import SOURCES
-from flowrl.store import TraceStore
+from flowrl.store import TRACE_ID, TraceStore
 
 log = logging.getLogger("flowrl.capture")
 
@@ -123,6 +125,48 @@ class Hook:
             self.registration.close(self.registration.exit_timeout)
         except Exception as exc:  # pragma: no cover - defensive
             self.fail("closing the writer", exc)
+
+    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, *, reference: Any = None,
+                       success: bool | None = None, rewards: Mapping[str, float] | None = None,
+                       feedback: str | None = None, source: str = "app") -> bool:
+        """Say how a run went, any time after it (its id: `flowrl.current_run().trace_id`, or a stored trace's).
+        Appended to the store's side records by the writer thread (masked like traces), so it survives
+        re-scoring; no file I/O here. Never raises: a bad value is counted (`stats.outcome_errors`), logged, and
+        False returned. `flush()` waits for it like a run."""
+        if outcome is None:
+            outcome = self.make_outcome(reference=reference, success=success, rewards=rewards, feedback=feedback,
+                                        source=source)
+            if outcome is None:
+                return False
+        if not isinstance(trace_id, str) or not TRACE_ID.match(trace_id):
+            self._bad_outcome(ConfigError(f"trace id {trace_id!r}: not one of flowrl's"))
+            return False
+        try:
+            return self.registration.submit(OutcomeRecord(trace_id, [outcome]))
+        except Exception as exc:  # pragma: no cover - defensive
+            self._bad_outcome(exc)
+            return False
+
+    def make_outcome(self, **fields: Any) -> HostOutcome | None:
+        """A checked outcome, or None (counted and logged) when a value cannot be one."""
+        try:
+            return make_outcome(**fields)
+        except Exception as exc:
+            self._bad_outcome(exc)
+            return None
+
+    def _bad_outcome(self, exc: BaseException) -> None:
+        try:
+            self.registration.count("outcome_errors")
+            self.registration.count("errors")
+            if not isinstance(exc, ConfigError):
+                self._log_failure("recording an outcome", exc)
+                return
+            n = self._fail_counts["outcome"] = self._fail_counts.get("outcome", 0) + 1
+            if n <= _WARN_FIRST or n % 1000 == 0:  # the host's value: one line, no traceback
+                log.warning("flowrl: an outcome was not recorded (%d so far): %s", n, exc)
+        except Exception:  # pragma: no cover - logging itself failed
+            pass
 
     def __enter__(self) -> Hook:
         return self

@@ -79,6 +79,13 @@ def _mask_message(redactor: Any, msg: Any) -> Any:
     return out
 
 
+def redact_outcomes(redactor: Any, outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mask secrets in the host's outcomes (`flowrl.outcomes`): their reference and feedback texts (copies)."""
+    if not isinstance(redactor, _Masker):
+        redactor = _Masker(redactor)
+    return [_mask_fields(redactor, o, ("reference", "feedback")) for o in outcomes]
+
+
 def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Mask secrets in every field of a trace dict that can hold user content (a copy).
 
@@ -102,6 +109,8 @@ def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
     for name in ("final_response", "review_notes"):
         if name in out:
             out[name] = redactor.redact(out[name])
+    if out.get("outcomes"):
+        out["outcomes"] = redact_outcomes(redactor, out["outcomes"])
     llm_calls, outputs_changed = [], []
     for call in out.get("llm_calls") or []:
         before = redactor.changed

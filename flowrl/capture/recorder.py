@@ -16,6 +16,7 @@ A token from `_FRAME.set` is always reset in the same coroutine frame, and never
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextvars import ContextVar
@@ -23,12 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
+from flowrl.schema import new_trace_id
+
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.hook import Hook
 
 _FRAME: ContextVar[tuple[Any, Any] | None] = ContextVar("flowrl_capture_frame", default=None)
 
 perf_counter = time.perf_counter
+_OUTCOMES_LOCK = threading.Lock()  # between the host adding an outcome and the writer taking them (rare)
 
 
 class RunRecord:
@@ -37,7 +41,7 @@ class RunRecord:
     __slots__ = (
         "hook", "adapter", "method", "query", "session_id", "wall0", "perf0", "events", "closed",
         "duration", "result", "exc", "status", "run_id", "messages", "chunks", "meta", "max_events",
-        "overflow", "pre",
+        "overflow", "pre", "trace_id", "outcomes",
     )
 
     def __init__(self, hook: Hook, adapter: str, method: str, query: Any, session_id: Any) -> None:
@@ -61,6 +65,8 @@ class RunRecord:
         self.max_events = hook.max_events
         self.overflow = 0
         self.pre: Any = None  # adapter state taken before the run (e.g. the resumed context's length)
+        self.trace_id = new_trace_id()  # known from the start: `flowrl.current_run()` hands it to the host
+        self.outcomes: list[Any] | None = []  # the host's, said during the run; None once the writer took them
 
     def add(self, event: dict[str, Any]) -> bool:
         """Append an event unless the run is finished or over its event budget."""
@@ -75,6 +81,21 @@ class RunRecord:
     def close(self) -> None:
         self.duration = perf_counter() - self.perf0
         self.closed = True
+
+    def add_outcome(self, outcome: Any) -> bool:
+        """Keep an outcome the host said during the run, to be written with it. False once the writer has
+        taken the run's outcomes (the caller then records it on its own)."""
+        with _OUTCOMES_LOCK:
+            if self.outcomes is None:
+                return False
+            self.outcomes.append(outcome)
+            return True
+
+    def take_outcomes(self) -> list[Any]:
+        """The outcomes said during the run (the writer's, once: later ones are recorded on their own)."""
+        with _OUTCOMES_LOCK:
+            outcomes, self.outcomes = self.outcomes or [], None
+        return outcomes
 
     def build(self) -> dict[str, Any]:
         """The trace dict (runs on the writer thread)."""

@@ -48,6 +48,8 @@ class CaptureStats:
     llm_calls: int = 0       # LLM calls in written traces
     unattributed: int = 0    # calls on a hooked agent outside any captured run (not recorded)
     events_over_limit: int = 0  # events past max_events_per_run (not recorded)
+    outcomes: int = 0        # the host's outcomes recorded in the store (`record_outcome`)
+    outcome_errors: int = 0  # of which could not be: a bad value, or the store refused the write
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

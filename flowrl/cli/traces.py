@@ -1,4 +1,4 @@
-"""`flowrl traces ls|show|label`: look at the store and review traces by hand."""
+"""`flowrl traces ls|show|label|annotate`: look at the store, review traces by hand, record how a run went."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from rich.table import Table
 from flowrl.cli.common import StoreOption, console, open_store, report_problems
 from flowrl.errors import ConfigError
 from flowrl.facts import is_manual_label, run_outcome
+from flowrl.outcomes import make_outcome, parse_reward
+from flowrl.redact import Redactor
 from flowrl.store import TraceFilter, dumps
 
-traces_app = typer.Typer(help="List, show and label stored traces.", no_args_is_help=True)
+traces_app = typer.Typer(help="List, show, label and annotate stored traces.", no_args_is_help=True)
 _OUTCOME = {"succeeded": "yes", "failed": "no", "partial": "partly", "unknown": ""}  # flowrl.facts.run_outcome
 
 
@@ -113,8 +115,45 @@ def ls(
 
 @traces_app.command("show")
 def show(trace_id: str, store: Path | None = StoreOption) -> None:
-    """Print one trace as JSON."""
-    typer.echo(dumps(open_store(store).get(trace_id)).decode())
+    """Print one trace as JSON, with the host's outcomes (`outcomes`) when it has any."""
+    trace = open_store(store).get(trace_id)
+    data = trace.to_dict()
+    if trace.outcomes:
+        data["outcomes"] = [o.model_dump(mode="json", exclude_none=True) for o in trace.outcomes]
+    typer.echo(dumps(data).decode())
+
+
+@traces_app.command("annotate")
+def annotate(
+    trace_id: str,
+    reference: str | None = typer.Option(None, help="The run's known right answer (what reference_answer reads)."),
+    success: bool | None = typer.Option(None, "--success/--failure", help="Did the run do its task?"),
+    reward: list[str] = typer.Option([], "--reward", help="name=value, a number from 0 to 1 (repeatable)."),
+    feedback: str | None = typer.Option(None, help="Free text: what the user or a test said (kept, not scored)."),
+    source: str = typer.Option("user", help="Who says it: user, test, app, or another short name."),
+    store: Path | None = StoreOption,
+) -> None:
+    """Record how a run went: its reference answer, success, named rewards or feedback (docs/capture.md).
+
+    Appended beside the trace; it survives `flowrl score --all`. A host success outranks every engine reward,
+    and only a manual label outranks it. Run `flowrl score` afterwards to update the trace's scores."""
+    s = open_store(store)
+    if not s.exists(trace_id):
+        raise ConfigError(f"no trace {trace_id!r} under {s.root}: list them with `flowrl traces ls`")
+    rewards = dict(parse_reward(text) for text in reward)
+    outcome = make_outcome(reference=_masked(reference), success=success, rewards=rewards,
+                           feedback=_masked(feedback), source=source)
+    s.record_outcome(trace_id, outcome)
+    said = [f"reference {outcome.reference!r}"] if outcome.reference is not None else []
+    said += [] if outcome.success is None else ["success" if outcome.success else "failure"]
+    said += [f"{name}={value:g}" for name, value in outcome.rewards.items()]
+    said += ["feedback"] if outcome.feedback is not None else []
+    console.print(f"annotated {trace_id} ({source}): {', '.join(said)}; run `flowrl score` to re-score it")
+
+
+def _masked(text: str | None) -> str | None:
+    """Secrets out of what is written to the store, as capture and ingest mask theirs."""
+    return None if text is None else Redactor().redact_text(text)
 
 
 @traces_app.command("label")

@@ -84,7 +84,8 @@ class RegisteredReward:
 # name -> where the class is, default weight, enabled by default. The style rewards weigh what toolboxv2's rl module
 # gave them; the correctness rewards outweigh them (see CORRECTNESS and engine.py): task_completion weighs more than
 # every style reward together (6.5, or 8.5 with learned and judge enabled), reference_answer more than those and
-# task_completion together (18.5). A new built-in reward is one line here (flowrl.rewards exports its class).
+# task_completion together (18.5), and what the host said (host_outcome) more than all of them (38.5). A new
+# built-in reward is one line here (flowrl.rewards exports its class).
 REGISTRY: dict[str, RegisteredReward] = {
     "code_execution": RegisteredReward("flowrl.rewards.code_execution:CodeExecutionReward", 2.0),
     "syntax": RegisteredReward("flowrl.rewards.syntax:SyntaxValidationReward", 1.0),
@@ -93,6 +94,7 @@ REGISTRY: dict[str, RegisteredReward] = {
     "efficiency": RegisteredReward("flowrl.rewards.efficiency:EfficiencyReward", 0.5),
     "format": RegisteredReward("flowrl.rewards.format:FormatComplianceReward", 1.0),
     "reference_answer": RegisteredReward("flowrl.rewards.reference:ReferenceAnswerReward", 20.0),
+    "host_outcome": RegisteredReward("flowrl.rewards.host_outcome:HostOutcomeReward", 40.0),
     "learned": RegisteredReward("flowrl.rewards.learned:LearnedReward", 1.0, enabled=False),
     "judge": RegisteredReward("flowrl.rewards.judge:LLMJudgeReward", 1.0, enabled=False),
 }

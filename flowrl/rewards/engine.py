@@ -7,8 +7,8 @@
 - `errors(results)` -> {name: message} of the rewards that crashed;
 - `compute_for_group(traces)` -> combined scores z-scored within the group (GRPO-style advantages);
 - `get_binary_label(score)` -> score >= threshold (0.6 by default), None when there is no score. Given the
-  results (or a trace), a failed task is never good: `task_completion` or `reference_answer` at 0 means bad,
-  whatever the other rewards say (a run that said `final_answer(success=false)` is not a good example).
+  results (or a trace), a failed task is never good: `task_completion`, `reference_answer` or `host_outcome` at 0
+  means bad, whatever the other rewards say (a run that said `final_answer(success=false)` is not a good example).
 
 Correctness dominates. The correctness reward is `reference_answer` when the task has a known answer, else
 `task_completion`; by default each weighs more than all the rewards below it together:
@@ -16,6 +16,7 @@ Correctness dominates. The correctness reward is `reference_answer` when the tas
     code_execution 2, syntax 1, tool_success 2, efficiency 0.5, format 1   = 6.5 (8.5 with learned, judge at 1)
     task_completion 10                                                     > 8.5
     reference_answer 20                                                    > 10 + 8.5
+    host_outcome 40 (what the host said: flowrl.outcomes)                  > 20 + 10 + 8.5
 
 So the correctness reward carries more than half of any weighted mean it is part of, and, on one task, a wrong
 run (correctness 0) always scores below 0.5 and below a right run (correctness 1), whatever the style rewards

@@ -1,7 +1,7 @@
 """score_store: score the traces of a store and write the rewards back onto each trace.
 
-What `flowrl score` runs. It picks the traces that lack a value for one of the engine's rewards (or all of
-them with `rescore_all`), keeps traces of the same task together (so the judge can compare them in one
+What `flowrl score` runs. It picks the traces that lack a value for one of the engine's rewards or got an
+outcome from the host since they were scored (or all of them with `rescore_all`), keeps traces of the same task together (so the judge can compare them in one
 call), scores batches in a thread pool (the sandbox reward batches its own programs), and writes
 `rewards`, `reward_details`, `reward_score` and an engine `label` onto each trace with `TraceStore.update`
 (atomic). A manual label (`flowrl traces label`) is never overwritten: the file is read again right before
@@ -146,9 +146,15 @@ class ErrorBudgetExceeded(FlowRLError):
 
 
 def needs_scoring(trace: ExecutionTrace, engine: RewardEngine) -> bool:
-    """True when a reward of the engine has no stored result. A stored error counts as a result: retrying it on
-    every run would make one trace that a reward always crashes on blow the budget of every later small run."""
-    return any(name not in trace.rewards for name in engine.names)
+    """True when a reward of the engine has no stored result, or the host recorded an outcome since the trace was
+    scored (`host_outcome`'s details count the outcomes it saw). A stored error counts as a result: retrying it
+    on every run would make one trace that a reward always crashes on blow the budget of every later small run."""
+    if any(name not in trace.rewards for name in engine.names):
+        return True
+    if "host_outcome" in engine.names:
+        seen = (trace.reward_details.get("host_outcome") or {}).get("outcomes", 0)
+        return seen != len(trace.outcomes)
+    return False
 
 
 def apply_results(trace: ExecutionTrace, results: Results, engine: RewardEngine) -> ExecutionTrace:
