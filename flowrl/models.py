@@ -16,7 +16,7 @@ the first use makes a plain Hugging Face folder from it, once:
 4. The converted model must answer a simple prompt with text before the folder is published; the folder is
    built in a temporary directory next to the cache and renamed into place, so a half-built model is never seen.
 
-The cache is `$FLOWRL_MODELS`, else `$FLOWRL_HOME/models`, else `~/.cache/flowrl/models`.
+The cache is `$FLOWRL_MODELS`, else `$XDG_CACHE_HOME/flowrl/models`, else `~/.cache/flowrl/models` (`models_dir`).
 """
 
 from __future__ import annotations
@@ -58,12 +58,32 @@ HUB_PROBE_TIMEOUT = 5.0  # seconds for the one request asking the Hub whether a 
 
 
 def models_dir() -> Path:
-    """Where converted models live: `$FLOWRL_MODELS`, else `$FLOWRL_HOME/models`, else `~/.cache/flowrl/models`."""
+    """Where converted models live: `$FLOWRL_MODELS`, else `$XDG_CACHE_HOME/flowrl/models`, else
+    `~/.cache/flowrl/models`. `FLOWRL_HOME` (the traces) does not move it: a user who points `FLOWRL_HOME`
+    elsewhere keeps the model `make demo` converted. A cache left under `$FLOWRL_HOME/models` by an older flowrl
+    is named once (set `FLOWRL_MODELS` to it to use it)."""
     if os.environ.get("FLOWRL_MODELS"):
         return Path(os.environ["FLOWRL_MODELS"]).expanduser()
-    if os.environ.get("FLOWRL_HOME"):
-        return Path(os.environ["FLOWRL_HOME"]).expanduser() / "models"
-    return Path.home() / ".cache" / "flowrl" / "models"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "flowrl" / "models"
+    _name_old_cache(root)
+    return root
+
+
+_OLD_CACHE_NAMED: set[Path] = set()
+
+
+def _name_old_cache(current: Path) -> None:
+    home = os.environ.get("FLOWRL_HOME")
+    if not home:
+        return
+    old = Path(home).expanduser() / "models"
+    if old in _OLD_CACHE_NAMED or old == current or not (old / SMOLLM2_DIRNAME).is_dir():
+        return
+    _OLD_CACHE_NAMED.add(old)
+    if not (current / SMOLLM2_DIRNAME).is_dir():
+        log.warning("flowrl: converted models are kept in %s now, not under $FLOWRL_HOME; to use the ones in %s "
+                    "instead of converting again, set FLOWRL_MODELS=%s", current, old, old)
 
 
 def chatml_template() -> str:

@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 
 TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 LOCK_NAME = ".flowrl-store.lock"
+# marks the log record of a skipped file: the CLI names every one at the end of the command instead
+READ_PROBLEM = {"flowrl_read_problem": True}
 
 
 def default_root() -> Path:
@@ -428,7 +430,7 @@ class TraceStore:
     def _skipper(problems: ReadProblems) -> Callable[[Path, str], None]:
         def skip(path: Path, message: str) -> None:
             if problems.add(ReadProblem(path, message)):
-                log.warning("flowrl: skipping %s", message)
+                log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
 
         return skip
 
@@ -442,7 +444,7 @@ class TraceStore:
 
         def skip(path: Path, message: str) -> None:
             if problems.add(ReadProblem(path, message)):
-                log.warning("flowrl: skipping %s", message)
+                log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
 
         for day in sorted(day_dirs(self.root, skip)):
             if flt is None or flt.day_ok(day.name):
@@ -460,7 +462,7 @@ class TraceStore:
                 trace = self.read_path(path, outcome_ids=outcome_ids)
             except SchemaError as exc:
                 if problems.add(ReadProblem(path, str(exc))):
-                    log.warning("flowrl: skipping %s", exc)
+                    log.warning("flowrl: skipping %s", exc, extra=READ_PROBLEM)
                 continue
             if flt.matches(trace):
                 yield trace

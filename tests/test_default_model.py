@@ -39,12 +39,32 @@ def persistent_models() -> Path:
     return Path(os.environ.get("FLOWRL_TEST_MODELS") or Path.home() / ".cache" / "flowrl" / "models")
 
 
-def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_dir_has_its_own_variable_and_flowrl_home_does_not_move_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 22: `export FLOWRL_HOME=~/flowrl` (the quickstart's first line) moved the model cache, so the model
+    `make demo` had converted was downloaded and converted again (540 MB)."""
     monkeypatch.delenv("FLOWRL_MODELS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "home"))
-    assert models_dir() == tmp_path / "home" / "models"
+    assert models_dir() == tmp_path / "cache" / "flowrl" / "models"
+    monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "elsewhere"))
+    assert models_dir() == tmp_path / "cache" / "flowrl" / "models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert models_dir() == Path.home() / ".cache" / "flowrl" / "models"
     monkeypatch.setenv("FLOWRL_MODELS", str(tmp_path / "m"))
     assert models_dir() == tmp_path / "m"
+
+
+def test_a_cache_an_older_flowrl_left_under_flowrl_home_is_named_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("FLOWRL_MODELS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "models" / SMOLLM2_DIRNAME).mkdir(parents=True)
+    models_dir()
+    models_dir()
+    named = [r.message for r in caplog.records if "FLOWRL_MODELS=" in r.message]
+    assert len(named) == 1 and str(tmp_path / "home" / "models") in named[0]
 
 
 def test_aliases_resolve_to_a_built_default_without_rebuilding(tmp_path: Path) -> None:

@@ -129,3 +129,21 @@ def test_build_dataset_hint_is_not_given_for_a_scored_store(tmp_path: Path, caps
     TraceStore(tmp_path / "s").label("0498911e921f", True)
     code = main(["build-dataset", "-m", "dpo", "--store", str(tmp_path / "s"), "-o", str(tmp_path / "ds"), "-q"])
     assert code == 2 and "flowrl score" not in capsys.readouterr().err
+
+
+def test_every_problem_and_warning_is_printed_once(tmp_path: Path) -> None:
+    """Issue 22: a skipped file was logged as it was read and named again at the end of the command, and flowrl's
+    own warnings read `WARNING flowrl.x: flowrl: ...`."""
+    import subprocess
+    import sys
+
+    _small_store(tmp_path)
+    bad = tmp_path / "2026-11-10" / "broken.json"
+    bad.write_text("{bad")
+    done = subprocess.run([sys.executable, "-m", "flowrl.cli", "traces", "ls", "--store", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("broken.json") == 1 and "WARNING flowrl" not in done.stderr
+    verbose = subprocess.run([sys.executable, "-m", "flowrl.cli", "-v", "traces", "ls", "--store", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+    assert verbose.stderr.count("broken.json") == 2  # --verbose also logs it as it is read

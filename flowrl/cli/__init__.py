@@ -48,7 +48,36 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages to stderr."),
 ) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _log_to_stderr(verbose)
+
+
+class _CliLog(logging.Formatter):
+    """flowrl's own warnings as `flowrl: message` (each once); other libraries' as `LEVEL name: message`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.name.split(".")[0] == "flowrl" and record.levelno >= logging.WARNING:
+            return message if message.startswith("flowrl") else f"flowrl: {message}"
+        return f"{record.levelname} {record.name}: {message}"
+
+
+def _not_reported_later(record: logging.LogRecord) -> bool:
+    """A store's skipped file is named once, at the end of the command (`common.report_problems`)."""
+    return not getattr(record, "flowrl_read_problem", False)
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "flowrl_cli", False):
+            root.removeHandler(handler)  # `main` called again in one process (tests, `flowrl demo`)
+    handler = logging.StreamHandler()
+    handler.flowrl_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(_CliLog("%(message)s"))
+    if not verbose:
+        handler.addFilter(_not_reported_later)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 for _name in COMMAND_MODULES:
