@@ -185,10 +185,13 @@ def _valid_input(data: Any, origin: str) -> bool:
 def _v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
     """toolboxv2 rl-module files: no schema_version, no source, zero means 'unknown' for tokens."""
     data.setdefault("source", "import")
-    tool_calls = data.get("tool_calls") or []
-    for call in tool_calls:
-        if isinstance(call, dict) and call.get("success") and result_is_failure(call.get("result", "")):
-            call["success"] = False  # the rl module trusted FlowAgent's "success" (reference §4.4)
+    calls = data.get("tool_calls")
+    if isinstance(calls, list):  # copies: `upgrade` leaves its input untouched
+        data["tool_calls"] = [
+            {**call, "success": False}
+            if isinstance(call, dict) and call.get("success") and result_is_failure(call.get("result", "")) else call
+            for call in calls
+        ]  # the rl module trusted FlowAgent's "success" (docs/reference/flowagent-0.1.28.md, tool results)
     data["schema_version"] = 1
     return data
 
@@ -253,7 +256,3 @@ def load_trace(data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrac
         trace.facts = trace_facts(trace)
     return trace
 
-
-def trace_json_schema() -> dict[str, Any]:
-    """The JSON schema of a trace file (docs are generated from this)."""
-    return ExecutionTrace.model_json_schema()

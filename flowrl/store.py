@@ -52,7 +52,7 @@ import orjson
 from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.facts import is_manual_label
 from flowrl.outcomes import HostOutcome, make_outcome
-from flowrl.schema import ExecutionTrace, load_trace
+from flowrl.schema import SOURCES, ExecutionTrace, load_trace
 from flowrl.store_index import (
     STAGING,
     STALE_STAGING_S,
@@ -146,7 +146,9 @@ class _Operations(threading.local):
 
 @dataclass
 class TraceFilter:
-    """Filters for `TraceStore.iter_traces`. Dates are inclusive; None means 'any'."""
+    """Which stored traces to read (`TraceStore.iter_traces`; a dataset build's `flowrl.data.DatasetFilter` adds
+    its own options to these). Dates are inclusive; None means 'any'. A value no trace can have (an unknown
+    source, `since` after `until`) is a ConfigError naming it, not an empty result."""
 
     since: date | None = None
     until: date | None = None
@@ -159,6 +161,16 @@ class TraceFilter:
     has_reward: bool | None = None
     min_reward: float | None = None
     max_reward: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is not None and self.source not in SOURCES:
+            raise ConfigError(f"source {self.source!r}: use one of {', '.join(SOURCES)}")
+        if self.label_source is not None and self.label_source not in ("manual", "engine"):
+            raise ConfigError(f"label source {self.label_source!r}: use manual or engine")
+        if self.since and self.until and self.since > self.until:
+            raise ConfigError(f"since {self.since} is after until {self.until}")
+        if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
+            raise ConfigError(f"min reward {self.min_reward} is above max reward {self.max_reward}")
 
     def day_ok(self, day: str) -> bool:
         if self.since is None and self.until is None:

@@ -1,4 +1,4 @@
-"""hooks/flowrl_rl_tools.py: the agent-callable training tools, registered on a fake agent."""
+"""flowrl.rl_tools through its drop-in hooks/flowrl_rl_tools.py: the agent-callable training tools, on a fake agent."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Turn a finished `RunRecord` into a trace dict. Runs on the writer thread, never on the host's loop.
 
-Rules (reference flowagent-0.1.28 §7):
+Rules (docs/reference/flowagent-0.1.28.md §7):
 - a tool call seen by both layers (the engine's `_execute_tool_call` and the nested `arun_function`)
   is one call: the engine's record, with the function's own timing and raw error attached;
 - in `a_stream`, calls seen only as `tool_start`/`tool_result` chunks (e.g. `think`) are added when no

@@ -21,7 +21,7 @@ queued before the call is written. At interpreter exit an `atexit` handler flush
 collector (bounded by `exit_timeout`). After `os.fork()` the child starts with an empty queue and its
 own writer thread (the parent's queue is the parent's to write).
 
-A `TraceCollector` can also be built directly (`TraceCollector(store)`, `submit_trace`): that one is
+A `TraceCollector` can also be built directly (`TraceCollector(store)`, `submit(record)`): that one is
 private to its owner, not in the registry, and counts into its own `stats`.
 """
 
@@ -52,7 +52,6 @@ from flowrl.capture.registration import (
     Registration,
     check_queue_size,
 )
-from flowrl.capture.values import Values
 from flowrl.outcomes import HostOutcome
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace, load_trace
@@ -144,8 +143,8 @@ def _check_io_threads(io_threads: Any) -> None:
 
 class TraceCollector:
     """Queue + writer thread + I/O threads for one store. Hooks get one through `attach`; used directly,
-    `submit(record)` takes anything with `.build() -> dict` and `submit_trace` a ready `ExecutionTrace`
-    (or trace dict), counted in this collector's own `stats`."""
+    `submit(record)` takes anything with `.build() -> dict` (a trace dict of JSON values), counted in this
+    collector's own `stats`."""
 
     def __init__(
         self,
@@ -306,9 +305,6 @@ class TraceCollector:
     def count(self, name: str, n: int = 1) -> None:
         """Add to one of `stats`' counters (thread-safe)."""
         self._own.count(name, n)
-
-    def submit_trace(self, trace: ExecutionTrace | dict[str, Any]) -> bool:
-        return self.submit(_Ready(trace))
 
     @property
     def queued(self) -> int:
@@ -657,17 +653,3 @@ class OutcomeRecord:
 
     def __init__(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
         self.trace_id, self.outcomes = trace_id, outcomes
-
-
-class _Ready:
-    """A trace that is already built (submit_trace); its values are made JSON-safe one by one
-    (`values.Values`, no length limit)."""
-
-    __slots__ = ("trace",)
-
-    def __init__(self, trace: ExecutionTrace | dict[str, Any]) -> None:
-        self.trace = trace
-
-    def build(self) -> dict[str, Any]:
-        data = self.trace.to_dict() if isinstance(self.trace, ExecutionTrace) else dict(self.trace)
-        return Values(None).plain(data)

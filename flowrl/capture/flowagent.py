@@ -1,4 +1,4 @@
-"""The toolboxv2 FlowAgent adapter (toolboxv2 0.1.28, the V2 agent; reference flowagent-0.1.28 §1, §2, §7).
+"""The toolboxv2 FlowAgent adapter (toolboxv2 0.1.28, the V2 agent; docs/reference/flowagent-0.1.28.md §1, §2, §7).
 
 What is patched (on the classes, filtered to hooked agents):
 - `FlowAgent.a_run`: called with `get_ctx=True`; the caller still gets exactly what it asked for.

@@ -18,36 +18,21 @@ from typing import Any, ClassVar
 from flowrl.data.conversation import ArgumentsAs, Conversation
 from flowrl.errors import ConfigError
 from flowrl.facts import is_manual_label, label_at
-from flowrl.schema import SOURCES, ExecutionTrace
+from flowrl.schema import ExecutionTrace
 from flowrl.store import TraceFilter
 
 HIST_BINS = 10
 
 
 @dataclass
-class DatasetFilter:
-    """Which stored traces a dataset is built from. Dates are inclusive; None means any."""
+class DatasetFilter(TraceFilter):
+    """Which stored traces a dataset is built from: the store's filters (`flowrl.store.TraceFilter`, checked
+    there), and `dedupe` (one trace per user turn)."""
 
-    since: date | None = None
-    until: date | None = None
-    agent: str | None = None
-    source: str | None = None
-    min_reward: float | None = None
-    max_reward: float | None = None
-    label_source: str | None = None
     dedupe: bool = True
 
-    def __post_init__(self) -> None:
-        if self.source is not None and self.source not in SOURCES:
-            raise ConfigError(f"source {self.source!r}: use one of {', '.join(SOURCES)}")
-        if self.label_source is not None and self.label_source not in ("manual", "engine"):
-            raise ConfigError(f"label source {self.label_source!r}: use manual or engine")
-        if self.since and self.until and self.since > self.until:
-            raise ConfigError(f"since {self.since} is after until {self.until}")
-
     def trace_filter(self) -> TraceFilter:
-        return TraceFilter(since=self.since, until=self.until, agent=self.agent, source=self.source,
-                           min_reward=self.min_reward, max_reward=self.max_reward, label_source=self.label_source)
+        return self
 
     def describe(self) -> dict[str, Any]:
         """The filters that are set, JSON-ready (for the card, the metadata file and error messages)."""

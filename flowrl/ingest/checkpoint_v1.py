@@ -1,4 +1,5 @@
-"""V1 checkpoints: `toolboxv2.mods.isaa.base.Agent.types.AgentCheckpoint` (toolboxv2 <= 0.1.25, reference §3.7).
+"""V1 checkpoints: `toolboxv2.mods.isaa.base.Agent.types.AgentCheckpoint` (toolboxv2 <= 0.1.25;
+docs/reference/flowagent-0.1.28.md §3.7).
 
 Fields: `timestamp, agent_state, task_state, world_model, active_flows, metadata{session_id, last_query,
 checkpoint_version, agent_name}, session_data{sid: {history: [...], session_type}}, conversation_history,

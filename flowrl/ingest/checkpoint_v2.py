@@ -1,4 +1,5 @@
-"""V2 checkpoints: `toolboxv2.mods.isaa.base.Agent.checkpoint_manager.AgentCheckpoint` (reference §3.2-3.4).
+"""V2 checkpoints: `toolboxv2.mods.isaa.base.Agent.checkpoint_manager.AgentCheckpoint`
+(docs/reference/flowagent-0.1.28.md §3.2-3.4).
 
 Read: `version`, `timestamp`, `agent_name`, and per session `sessions_data["sessions"][sid]["chat_history"]`
 and `max_history`. `statistics` are the agent's lifetime totals and are deliberately not used for

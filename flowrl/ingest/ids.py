@@ -8,7 +8,7 @@ contain it, or the obs run file), so the store collapses them into one trace:
 * `run_id` comes from the `RUN SUMMARY [run_id]` line (checkpoints) or the obs file. It makes identical
   queries in one session distinct turns.
 * `query` is the *real* user text of the turn: for an auto-resumed run the follow-up from the obs or
-  live transcript, never the original query that chat_history repeats (reference §3.6).
+  live transcript, never the original query that chat_history repeats (docs/reference/flowagent-0.1.28.md §3.6).
 * `answer` is cut at 200 characters and stripped, so a shortened copy of the answer (obs summaries,
   argument summaries) still gives the same id.
 * `occurrence` separates repeated identical (query, answer) turns that carry no run id (V1

@@ -1,4 +1,5 @@
-"""FlowAgent ObservabilityLayer files (reference §3.5): `run_{run_id}.json` and `live_{run_id}.jsonl`.
+"""FlowAgent ObservabilityLayer files: `run_{run_id}.json` and `live_{run_id}.jsonl`
+(docs/reference/flowagent-0.1.28.md §3.5).
 
 `{data_dir}/Agents/{agent}/obs/` holds:
 

@@ -1,7 +1,7 @@
 """Rebuild a run's OpenAI-format transcript from obs steps and split it at auto-resume points.
 
 An obs run file keeps, per step, the input messages of the step's *last* LLM call and the step's tool
-records (reference §3.5). The working history is recovered as follows:
+records (docs/reference/flowagent-0.1.28.md §3.5). The working history is recovered as follows:
 
 1. *main-loop inputs* are the steps whose input holds the run's query as a user message (a think
    sub-call's input does not);

@@ -6,7 +6,7 @@ listed in `ALLOWED` and refuses everything else with `UnsafePickleError`, naming
 The refusal happens when the pickle *names* the global, before anything could call it, so a hostile
 pickle (one whose `__reduce__` returns `os.system`, `subprocess.Popen`, `builtins.eval`, ...) stops there.
 
-The allow-list (reference §3.1 and §3.7):
+The allow-list (docs/reference/flowagent-0.1.28.md §3.1 and §3.7):
 
 | pickled global | what flowrl gives the pickle |
 |---|---|

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from flowrl.errors import require
@@ -56,8 +56,10 @@ class HardwareInfo:
         return f"{self.gpu_count} x {names}{mem}{procs}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
+    """The training defaults for a kind of machine (`choose_profile`)."""
+
     name: ProfileName
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
@@ -69,7 +71,7 @@ class HardwareProfile:
     max_length: int
     max_completion_length: int
     world_size: int = 1
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,29 +153,22 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
         max_length=2048 if memory >= 40 else 1024,
         max_completion_length=512 if memory >= 40 else 256,
         world_size=hw.world_size,
-        notes=notes,
+        notes=tuple(notes),
     )
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """The profile with the config's own values laid over it: what the run really uses."""
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(HardwareProfile):
+    """The profile with the config's own values laid over it: what the run really uses. `name` is the profile's
+    (`profile` in `to_dict`, as flowrl_train.json writes it)."""
 
-    profile: ProfileName
-    per_device_train_batch_size: int
-    gradient_accumulation_steps: int
-    num_generations: int
-    precision: Literal["fp32", "bf16", "fp16"]
-    gradient_checkpointing: bool
-    use_cpu: bool
-    load_in_4bit: bool
-    max_length: int
-    max_completion_length: int
-    world_size: int
-    notes: tuple[str, ...] = ()
+    @property
+    def profile(self) -> ProfileName:
+        return self.name
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        return {"profile": data.pop("name"), **data}
 
 
 def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | None = None) -> RunSettings:
@@ -218,7 +213,7 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         raise ConfigError("KTO needs a batch of at least 2 (its KL estimate uses the other rows): raise --batch-size")
 
     return RunSettings(
-        profile=prof.name,
+        name=prof.name,
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=accumulation,
         num_generations=generations,

@@ -1,7 +1,7 @@
 """GRPO on logged groups: replay what the agent already did through TRL's `rollout_func`.
 
 TRL's GRPOTrainer asks `rollout_func(prompts, trainer)` for completions instead of generating them
-(peers.md §3). flowrl answers with the completions logged for that prompt (one group of an offline GRPO
+(TRL 1.16, `GRPOTrainer(rollout_func=...)`: docs/training.md). flowrl answers with the completions logged for that prompt (one group of an offline GRPO
 dataset) and forwards each one's logged reward; a pass-through reward function hands those rewards back to
 TRL, which computes group-relative advantages and the clipped policy loss as usual.
 
