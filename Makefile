@@ -8,12 +8,13 @@ STAMP  := $(VENV)/.flowrl-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# constraints.txt: the exact versions CI tests (pyproject.toml declares the supported ranges)
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[train,dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[train,dev]'
 	@echo "building llama-cpp-python (llama.cpp from source, about 7 minutes the first time)..."
-	@$(BIN)/python -m pip install -q -e '.[llama]' >$(VENV)/llama-build.log 2>&1 \
+	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[llama]' >$(VENV)/llama-build.log 2>&1 \
 	  || echo "warning: llama-cpp-python did not build (see $(VENV)/llama-build.log; it needs a C compiler: apt-get install build-essential). The example agent will generate with transformers, 4-6x slower, and the llama.cpp tests skip"
 	touch $(STAMP)
 
