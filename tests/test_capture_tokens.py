@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from flowrl.capture import hook_into_agent
+from flowrl.capture.events import LLMEvent
 from flowrl.capture.masking import redact_trace
 from flowrl.capture.tokens import TokenInfo, token_info
 from flowrl.redact import Redactor
@@ -364,5 +365,5 @@ def test_a_stream_chunk_is_not_a_whole_call() -> None:
 def test_a_streamed_call_records_no_ids() -> None:
     from flowrl.capture.assemble import _llm_call
 
-    entry = _llm_call({"out": _vllm_chat(), "stream": True, "model": "m"})
+    entry = _llm_call(LLMEvent(0.0, {}, "m", True, output=_vllm_chat()))
     assert entry["output"] == "Hi there" and "token_ids" not in entry and "logprobs" not in entry

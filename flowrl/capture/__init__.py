@@ -1,7 +1,8 @@
 """Live capture: `hook_into_agent(agent)` records every run of an agent as one trace.
 
-See docs/capture.md. The pieces: `hook.py` (the entry point and the `Hook` handle), `flowagent.py`
-and `generic.py` (adapters: map a framework's calls onto the trace model), `recorder.py` (per-run
+See docs/capture.md. The pieces: `hook.py` (the entry point and the `Hook` handle), `events.py` (the
+typed events, the shared handler factory and the adapter interface), `flowagent.py` and `generic.py`
+(adapters: map a framework's calls onto events), `recorder.py` (per-run
 state in a context variable; the hot path), `collector.py` (`TraceCollector`: one per store per
 process, shared by every hook writing there; a hook is a `Registration` on it; the queue, the writer
 thread and its I/O threads), `assemble.py` (record -> trace) and `masking.py` (secrets out), both on

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from flowrl.capture.events import Event, LLMEvent, ToolEvent
 from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
 from flowrl.capture.values import Values, type_name, unserialisable
@@ -123,44 +124,52 @@ class _Builder:
         self.calls.append((t0 or 0.0, entry))
 
     # -- events -----------------------------------------------------------------------------------
-    def engine_tool(self, ev: dict[str, Any]) -> None:
+    def tool(self, ev: ToolEvent) -> None:
+        if ev.source == "engine":
+            self.engine_tool(ev)
+        elif ev.source == "function":
+            self.function_tool(ev)
+        else:
+            self.generic_tool(ev)
+
+    def engine_tool(self, ev: ToolEvent) -> None:
         v = self.v
-        tc = ev.get("tc")
+        tc = ev.tool_call
         try:
             name, raw_args, call_id = tool_call_parts(tc)
         except Exception as err:  # a name or id whose str() raises
             name, raw_args, call_id = unserialisable(type_name(tc), f"reading it raised {type_name(err)}"), None, None
-        out = ev.get("out")
+        out = ev.result
         result = out[0] if isinstance(out, tuple) and len(out) == 2 else out
-        fn = ev.get("fn")
+        fn = ev.inner
         extra: dict[str, Any] = {}
-        exc = ev.get("exc")
-        if fn is not None and _same(fn.get("name"), name):
-            if fn.get("dur") is not None:
-                extra["function_duration_ms"] = round(fn["dur"] * 1000.0, 3)
-            if fn.get("exc"):
-                extra["function_error"] = v.text(fn["exc"])
-                exc = exc or fn["exc"]
+        exc = ev.error
+        if fn is not None and _same(fn.name, name):
+            if fn.duration is not None:
+                extra["function_duration_ms"] = round(fn.duration * 1000.0, 3)
+            if fn.error:
+                extra["function_error"] = v.text(fn.error)
+                exc = exc or fn.error
         elif fn is not None:  # a different tool ran inside this one: its own call
             self.function_tool(fn)
-        self.add_call(ev.get("t0"), v.text(name), self.arguments(raw_args), v.text(result), None, exc, ev.get("dur"),
+        self.add_call(ev.started, v.text(name), self.arguments(raw_args), v.text(result), None, exc, ev.duration,
                       self.call_id(call_id), "engine", **extra)
 
-    def function_tool(self, ev: dict[str, Any]) -> None:
+    def function_tool(self, ev: ToolEvent) -> None:
         v = self.v
-        raw = ev.get("raw")
-        kw = {k: val for k, val in (ev.get("kw") or {}).items() if k != "function_name"}
+        raw = ev.result
+        kw = {k: val for k, val in (ev.kwargs or {}).items() if k != "function_name"}
         result = v.text(raw)
-        self.add_call(ev.get("t0"), v.text(ev.get("name")), v.plain(kw), result, _judged(v, raw, result),
-                      ev.get("exc"), ev.get("dur"), None, "function")
+        self.add_call(ev.started, v.text(ev.name), v.plain(kw), result, _judged(v, raw, result),
+                      ev.error, ev.duration, None, "function")
 
-    def generic_tool(self, ev: dict[str, Any]) -> None:
+    def generic_tool(self, ev: ToolEvent) -> None:
         v = self.v
         name, arguments = generic_call_arguments(ev)
-        raw = ev.get("raw")
+        raw = ev.result
         result = v.text(raw)
-        self.add_call(ev.get("t0"), v.text(name), v.plain(arguments), result, _judged(v, raw, result),
-                      ev.get("exc"), ev.get("dur"), None, "generic")
+        self.add_call(ev.started, v.text(name), v.plain(arguments), result, _judged(v, raw, result),
+                      ev.error, ev.duration, None, "generic")
 
     def stream_tools(self) -> None:
         v = self.v
@@ -207,16 +216,16 @@ NAME_PARAMS = ("name", "tool", "tool_name", "function_name", "tool_id")
 ARGS_PARAMS = ("args", "arguments", "params", "parameters", "input", "kwargs", "tool_input")
 
 
-def generic_call_arguments(ev: dict[str, Any]) -> tuple[Any, Any]:
+def generic_call_arguments(ev: ToolEvent) -> tuple[Any, Any]:
     """(tool name, arguments) of a generic tool method call.
 
     `call_tool("search", {"q": 1})` and `call_tool(name="search", q=1)` name the tool by a parameter
     called name/tool/tool_name/function_name; otherwise the method's name is the tool name. Arguments
     are the call's arguments by parameter name, `**kwargs` flattened, a lone `args`-like dict unwrapped.
     """
-    args, kw = tuple(ev.get("args") or ()), dict(ev.get("kw") or {})
-    name: Any = ev.get("method")
-    sig = ev.get("sig")
+    args, kw = tuple(ev.args or ()), dict(ev.kwargs or {})
+    name: Any = ev.method
+    sig = ev.signature
     try:
         bound = sig.bind(*args, **kw) if sig is not None else None
     except TypeError:
@@ -271,36 +280,36 @@ def _llm_output(v: Values, out: Any) -> tuple[str | None, list[dict[str, Any]] |
     return (None if content is None else v.text(content)), calls
 
 
-def _llm_call(ev: dict[str, Any], v: Values | None = None) -> dict[str, Any]:
+def _llm_call(ev: LLMEvent, v: Values | None = None) -> dict[str, Any]:
     from flowrl.capture.tokens import token_info
 
     v = v or Values()
-    out = ev.get("out")
+    out = ev.output
     try:
         output, calls = _llm_output(v, out)
     except BaseException:  # an attribute that raises: the output as text
         output, calls = v.text(out), None
-    model = ev.get("model")
-    entry: dict[str, Any] = {"model": None if model is None else v.text(model), "tokens_in": ev.get("tin"),
-                             "tokens_out": ev.get("tout"),
-                             "latency_ms": None if ev.get("dur") is None else round(ev["dur"] * 1000.0, 3),
-                             "output": output, "stream": bool(ev.get("stream"))}
+    model = ev.model
+    entry: dict[str, Any] = {"model": None if model is None else v.text(model), "tokens_in": ev.tokens_in,
+                             "tokens_out": ev.tokens_out,
+                             "latency_ms": None if ev.duration is None else round(ev.duration * 1000.0, 3),
+                             "output": output, "stream": bool(ev.stream)}
     if calls:
         entry["tool_calls"] = calls
-    if ev.get("cost") is not None:
-        entry["cost"] = ev["cost"]
-    if ev.get("exc"):
-        entry["error"] = v.text(ev["exc"])
+    if ev.cost is not None:
+        entry["cost"] = ev.cost
+    if ev.error:
+        entry["error"] = v.text(ev.error)
     tokens = None if entry["stream"] else token_info(out)  # a stream's last chunk holds only its own ids
     if tokens is not None:
         entry.update(tokens.fields())
     return entry
 
 
-def _tools_offered(v: Values, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tools_offered(v: Values, events: list[Event]) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for ev in events:
-        tools = (ev.get("kw") or {}).get("tools") if ev.get("k") == "llm" else None
+        tools = (ev.kwargs or {}).get("tools") if isinstance(ev, LLMEvent) else None
         if not isinstance(tools, (list, tuple)):  # never iterate what could be the host's generator
             continue
         for tool in tools:
@@ -352,13 +361,11 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     v = values_for(hook)
     b = _Builder(rec, v)
     events = list(rec.events)
-    handlers = {"engine": b.engine_tool, "fn": b.function_tool}
     llm_calls = []
     for ev in events:
-        kind = ev.get("k")
-        if kind == "tool":
-            handlers.get(ev.get("src"), b.generic_tool)(ev)
-        elif kind == "llm":
+        if isinstance(ev, ToolEvent):
+            b.tool(ev)
+        else:
             llm_calls.append(_llm_call(ev, v))
     b.stream_tools()
     b.calls.sort(key=lambda pair: pair[0])

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from flowrl.capture import generic
+from flowrl.capture.events import LLMEvent, PatchSpec, ToolEvent, guarded_call
 from flowrl.capture.recorder import (
-    _FRAME,
+    Frame,
     RunRecord,
     describe_exc,
-    frame_of,
+    enter_frame,
     inside_run_of,
+    leave_frame,
     perf_counter,
     relay,
     timed,
@@ -113,21 +115,29 @@ def _tokens(agent: Any) -> tuple[float, float, float] | None:
     return values if all(isinstance(v, (int, float)) for v in values) else None
 
 
-def _attribute_tokens(hook: Any, ev: dict[str, Any], before: Any, agent: Any) -> None:
-    """Tokens of one LLM call = counter growth since the later of its start and the last attributed end.
+class TokenMarks:
+    """One hooked agent's token counters as last attributed to an LLM call (`attribute`)."""
 
-    Exact for sequential calls; with overlapping calls each growth goes to the call that ends next."""
-    after = _tokens(agent)
-    if before is None or after is None:
-        return
-    mark = hook.token_mark
-    base = before if mark is None else tuple(max(b, m) for b, m in zip(before, mark))
-    hook.token_mark = after if mark is None else tuple(max(a, m) for a, m in zip(after, mark))
-    delta = [a - b for a, b in zip(after, base)]
-    if min(delta) < 0:
-        return
-    ev["tin"], ev["tout"] = int(delta[0]), int(delta[1])
-    ev["cost"] = delta[2] or None
+    __slots__ = ("mark",)
+
+    def __init__(self) -> None:
+        self.mark: tuple[float, ...] | None = None
+
+    def attribute(self, ev: LLMEvent, before: Any, agent: Any) -> None:
+        """Tokens of one LLM call = counter growth since the later of its start and the last attributed end.
+
+        Exact for sequential calls; with overlapping calls each growth goes to the call that ends next."""
+        after = _tokens(agent)
+        if before is None or after is None:
+            return
+        mark = self.mark
+        base = before if mark is None else tuple(max(b, m) for b, m in zip(before, mark))
+        self.mark = after if mark is None else tuple(max(a, m) for a, m in zip(after, mark))
+        delta = [a - b for a, b in zip(after, base)]
+        if min(delta) < 0:
+            return
+        ev.tokens_in, ev.tokens_out = int(delta[0]), int(delta[1])
+        ev.cost = delta[2] or None
 
 
 def _ctx_in(out: Any) -> Any:
@@ -175,14 +185,14 @@ def _a_run_handler(hook: Any) -> Callable[..., Any]:
         _finish(hook, rec, agent, ctx)
 
     async def run(rec: RunRecord, agent: Any, coro: Any, forced: bool) -> Any:
-        token = _FRAME.set((rec, None))
+        token = enter_frame((rec, None))
         try:
             out = await coro
         except BaseException as exc:
             finish(rec, agent, exc=exc)
             raise
         finally:
-            _FRAME.reset(token)
+            leave_frame(token)
         result = out[0] if forced and _ctx_in(out) is not None else out  # what the caller asked for
         finish(rec, agent, out)
         return result
@@ -270,116 +280,120 @@ def _stream_callbacks(hook: Any, rec: RunRecord, agent: Any, session_id: Any) ->
 
 
 def _engine_tool_handler(hook: Any) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        frame = frame_of(hook)
-        if frame is None:
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
-        try:
-            ev = {"k": "tool", "src": "engine", "tc": args[1] if len(args) > 1 else kwargs.get("tool_call"),
-                  "t0": perf_counter()}
-            if not rec.add(ev):
-                return wrapped(*args, **kwargs)
-        except Exception as exc:
-            hook.fail("_execute_tool_call: recording a call", exc)
-            return wrapped(*args, **kwargs)
-        return timed(hook, (rec, ev), ev, wrapped(*args, **kwargs))
+    def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
+        tool_call = args[1] if len(args) > 1 else kwargs.get("tool_call")
+        ev = ToolEvent("engine", perf_counter(), tool_call=tool_call)
+        return ev if frame[0].add(ev) else None
 
-    return handler
+    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        return timed(hook, (frame[0], ev), ev, wrapped(*args, **kwargs))  # arun_function nests into it
+
+    return guarded_call(hook, ENGINE_TOOL, record, proceed)
 
 
 def _function_handler(hook: Any) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        frame = frame_of(hook)
-        if frame is None:
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
+    def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
+        name = args[0] if args else kwargs.get("function_name")
+        ev = ToolEvent("function", perf_counter(), name=name, kwargs=kwargs)
+        parent = frame[1]
+        if parent is not None and parent.source == "engine" and parent.inner is None:
+            parent.inner = ev  # the same call seen one layer down (assemble merges it when the names match)
+            return ev
+        return ev if frame[0].add(ev) else None
+
+    return guarded_call(hook, TOOL_METHOD, record, _timed_call(hook))
+
+
+def _timed_call(hook: Any) -> Any:
+    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        return timed(hook, None, ev, wrapped(*args, **kwargs))
+
+    return proceed
+
+
+def _llm_handler(hook: Any, marks: TokenMarks) -> Callable[..., Any]:
+    def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
+        stream = kwargs.get("stream")
+        if stream is None:
+            stream = getattr(instance, "stream", False)
+        model = kwargs.get("model")
+        if model is None:
+            amd = getattr(instance, "amd", None)
+            model = getattr(amd, f"{kwargs.get('model_preference', 'fast')}_llm_model", None)
+        ev = LLMEvent(perf_counter(), kwargs, model, bool(stream))
+        return ev if frame[0].add(ev) else None
+
+    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
         try:
-            name = args[0] if args else kwargs.get("function_name")
-            parent = frame[1]
-            ev: dict[str, Any] = {"k": "tool", "src": "fn", "name": name, "kw": kwargs, "t0": perf_counter()}
-            if parent is not None and parent.get("src") == "engine" and "fn" not in parent:
-                parent["fn"] = ev  # the same call seen one layer down (assemble merges it when the names match)
-            elif not rec.add(ev):
-                return wrapped(*args, **kwargs)
+            before = _tokens(instance)  # the counters as the call starts
         except Exception as exc:
-            hook.fail("arun_function: recording a call", exc)
-            return wrapped(*args, **kwargs)
-        return timed(hook, None, ev, wrapped(*args, **kwargs), "raw")
-
-    return handler
-
-
-def _llm_handler(hook: Any) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        frame = frame_of(hook)
-        if frame is None:
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
-        try:
-            stream = kwargs.get("stream")
-            if stream is None:
-                stream = getattr(instance, "stream", False)
-            model = kwargs.get("model")
-            if model is None:
-                amd = getattr(instance, "amd", None)
-                model = getattr(amd, f"{kwargs.get('model_preference', 'fast')}_llm_model", None)
-            ev = {"k": "llm", "kw": kwargs, "model": model, "stream": bool(stream), "t0": perf_counter()}
-            if not rec.add(ev):
-                return wrapped(*args, **kwargs)
-            before = _tokens(instance)
-        except Exception as exc:
-            hook.fail("a_run_llm_completion: recording a call", exc)
-            return wrapped(*args, **kwargs)
+            hook.fail("a_run_llm_completion: reading the token counters", exc)
+            before = None
 
         def post(out: Any) -> Any:
             if callable(out) and inspect.isasyncgenfunction(out):
                 def done(last: Any, error: BaseException | None, completed: bool) -> None:
                     try:
-                        ev["out"], ev["dur"] = last, perf_counter() - ev["t0"]
+                        ev.output, ev.duration = last, perf_counter() - ev.started
                         if error is not None:
-                            ev["exc"] = describe_exc(error)
-                        _attribute_tokens(hook, ev, before, instance)
+                            ev.error = describe_exc(error)
+                        marks.attribute(ev, before, instance)
                     except Exception as exc:
                         hook.fail("a_run_llm_completion: finishing a stream", exc)
 
                 return wrap_stream_function(out, done)
-            _attribute_tokens(hook, ev, before, instance)
+            marks.attribute(ev, before, instance)
             return out
 
-        return timed(hook, None, ev, wrapped(*args, **kwargs), "out", post)
+        return timed(hook, None, ev, wrapped(*args, **kwargs), True, post)
 
-    return handler
+    return guarded_call(hook, LLM_METHOD, record, proceed)
 
 
-def plan(agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-         llm_methods: list[str] | None) -> list[tuple[type, str, str | None, Callable[..., Any]]]:
-    cls = type(agent)
-    def default(names: tuple[str, ...]) -> list[str]:  # defaults only where this FlowAgent has them
-        return [m for m in names if callable(getattr(cls, m, None))]
+class FlowAgentAdapter:
+    """toolboxv2's FlowAgent (0.1.28): runs, streams, the engine's tool calls, tools and LLM calls."""
 
-    runs = run_methods if run_methods is not None else default(("a_run", "a_stream"))
-    tools = tool_methods if tool_methods is not None else default((TOOL_METHOD,))
-    llms = llm_methods if llm_methods is not None else default((LLM_METHOD,))
-    specs: list[tuple[type, str, str | None, Callable[..., Any]]] = []
-    for name in runs:
-        handler = {"a_run": _a_run_handler, "a_stream": _a_stream_handler}.get(name)
-        specs.append((cls, name, None, handler(hook) if handler else generic.run_handler(hook, name, "flowagent")))
-    for name in tools:
-        specs.append((cls, name, None, _function_handler(hook) if name == TOOL_METHOD
-                      else generic.call_handler(hook, name, "tool", generic.method_signature(cls, name),
-                                                generic.is_coroutine_method(cls, name))))
-    for name in llms:
-        specs.append((cls, name, None, _llm_handler(hook) if name == LLM_METHOD
-                      else generic.call_handler(hook, name, "llm", None, generic.is_coroutine_method(cls, name))))
-    try:
-        engine_cls = _engine_class(agent)
-        if not callable(getattr(engine_cls, ENGINE_TOOL, None)):
-            raise TypeError(f"{engine_cls.__name__} has no {ENGINE_TOOL}")
-        specs.append((engine_cls, ENGINE_TOOL, "agent", _engine_tool_handler(hook)))
-    except Exception as exc:  # runs, LLM calls and arun_function are still captured
-        hook.fail("finding the execution engine (tool calls will come from arun_function only)", exc)
-    return specs
+    name = "flowagent"
+
+    def detects(self, agent: Any) -> bool:
+        return is_flowagent(agent)
+
+    def plan(self, agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
+             llm_methods: list[str] | None) -> list[PatchSpec]:
+        cls = type(agent)
+
+        def default(names: tuple[str, ...]) -> list[str]:  # defaults only where this FlowAgent has them
+            return [m for m in names if callable(getattr(cls, m, None))]
+
+        runs = run_methods if run_methods is not None else default(("a_run", "a_stream"))
+        tools = tool_methods if tool_methods is not None else default((TOOL_METHOD,))
+        llms = llm_methods if llm_methods is not None else default((LLM_METHOD,))
+        marks = TokenMarks()
+        specs: list[PatchSpec] = []
+        for name in runs:
+            handler = {"a_run": _a_run_handler, "a_stream": _a_stream_handler}.get(name)
+            specs.append(PatchSpec(cls, name, None,
+                                   handler(hook) if handler else generic.run_handler(hook, name, "flowagent")))
+        for name in tools:
+            specs.append(PatchSpec(cls, name, None, _function_handler(hook) if name == TOOL_METHOD
+                                   else generic.tool_handler(hook, cls, name)))
+        for name in llms:
+            specs.append(PatchSpec(cls, name, None, _llm_handler(hook, marks) if name == LLM_METHOD
+                                   else generic.llm_handler(hook, cls, name)))
+        try:
+            engine_cls = _engine_class(agent)
+            if not callable(getattr(engine_cls, ENGINE_TOOL, None)):
+                raise TypeError(f"{engine_cls.__name__} has no {ENGINE_TOOL}")
+            specs.append(PatchSpec(engine_cls, ENGINE_TOOL, "agent", _engine_tool_handler(hook)))
+        except Exception as exc:  # runs, LLM calls and arun_function are still captured
+            hook.fail("finding the execution engine (tool calls will come from arun_function only)", exc)
+        return specs
+
+
+ADAPTER = FlowAgentAdapter()
 
 
 def _engine_class(agent: Any) -> type:

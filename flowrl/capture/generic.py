@@ -21,13 +21,15 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from flowrl.capture.events import Event, LLMEvent, PatchSpec, ToolEvent, guarded_call
 from flowrl.capture.recorder import (
-    _FRAME,
+    Frame,
     RunRecord,
     TextParts,
     describe_exc,
-    frame_of,
+    enter_frame,
     inside_run_of,
+    leave_frame,
     note_exc,
     perf_counter,
     relay,
@@ -66,15 +68,15 @@ def run_handler(hook: Any, method: str, adapter: str = "generic") -> Callable[..
             hook.fail(f"{method}: recording the result", err)
         hook.finish(rec)
 
-    async def run_coro(rec: RunRecord, frame: tuple[Any, Any], coro: Any) -> Any:
-        token = _FRAME.set(frame)
+    async def run_coro(rec: RunRecord, frame: Frame, coro: Any) -> Any:
+        token = enter_frame(frame)
         try:
             out = await coro
         except BaseException as exc:
             finish(rec, exc=exc)
             raise
         finally:
-            _FRAME.reset(token)
+            leave_frame(token)
         finish(rec, out)
         return out
 
@@ -83,18 +85,18 @@ def run_handler(hook: Any, method: str, adapter: str = "generic") -> Callable[..
             if inside_run_of(hook):  # run() -> a_run() on the same agent: one run, one trace
                 return wrapped(*args, **kwargs)
             rec = RunRecord(hook, adapter, method, _query(args, kwargs), _session(kwargs))
-            frame = (rec, None)
+            frame: Frame = (rec, None)
         except Exception as exc:
             hook.fail(f"{method}: starting a run", exc)
             return wrapped(*args, **kwargs)
-        token = _FRAME.set(frame)  # a plain method runs now; a coroutine's body runs when awaited
+        token = enter_frame(frame)  # a plain method runs now; a coroutine's body runs when awaited
         try:
             out = wrapped(*args, **kwargs)
         except BaseException as exc:
             finish(rec, exc=exc)
             raise
         finally:
-            _FRAME.reset(token)
+            leave_frame(token)
         if inspect.iscoroutine(out):
             return run_coro(rec, frame, out)
         if inspect.isasyncgen(out):
@@ -105,7 +107,7 @@ def run_handler(hook: Any, method: str, adapter: str = "generic") -> Callable[..
     return handler
 
 
-def _relay_run(rec: RunRecord, frame: tuple[Any, Any], agen: Any,
+def _relay_run(rec: RunRecord, frame: Frame, agen: Any,
                finish: Callable[..., None]) -> Any:
     """A streamed run: the answer is the text chunks joined, or the last item when they are not text."""
     texts: list[str] = []
@@ -137,57 +139,62 @@ def call_handler(hook: Any, method: str, kind: str, sig: inspect.Signature | Non
     """A tool (`kind="tool"`) or LLM (`kind="llm"`) method of a generic agent. `sig` (without `self`)
     lets the writer name the arguments; `is_coro` (an `async def` method) skips what only plain
     methods need."""
-    out_key = "raw" if kind == "tool" else "out"
 
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        frame = frame_of(hook)
-        if frame is None:
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
-        try:
-            if kind == "tool":
-                ev = {"k": "tool", "src": "generic", "method": method, "args": args, "kw": kwargs, "sig": sig,
-                      "t0": perf_counter()}
-            else:
-                ev = {"k": "llm", "kw": kwargs, "model": kwargs.get("model"), "stream": bool(kwargs.get("stream")),
-                      "t0": perf_counter()}
-            if not rec.add(ev):
-                return wrapped(*args, **kwargs)
-        except Exception as exc:
-            hook.fail(f"{method}: recording a call", exc)
-            return wrapped(*args, **kwargs)
-        inner = (rec, ev)
+    def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event | None:
+        ev: Event
+        if kind == "tool":
+            ev = ToolEvent("generic", perf_counter(), method=method, args=args, kwargs=kwargs, signature=sig)
+        else:
+            ev = LLMEvent(perf_counter(), kwargs, kwargs.get("model"), bool(kwargs.get("stream")))
+        return ev if frame[0].add(ev) else None
+
+    def proceed(frame: Frame, ev: Event, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
         if is_coro:  # calling it only creates the coroutine: its body runs inside `timed`
-            return timed(hook, None, ev, wrapped(*args, **kwargs), out_key)
-        token = _FRAME.set(inner)
+            return timed(hook, None, ev, wrapped(*args, **kwargs))
+        token = enter_frame((frame[0], ev if isinstance(ev, ToolEvent) else None))
         try:
             out = wrapped(*args, **kwargs)
         except BaseException as exc:
             note_exc(hook, ev, exc)
             raise
         finally:
-            _FRAME.reset(token)
+            leave_frame(token)
         if inspect.iscoroutine(out):
-            return timed(hook, None, ev, out, out_key)
-        ev["dur"] = perf_counter() - ev["t0"]
-        ev[out_key] = out
+            return timed(hook, None, ev, out)
+        ev.duration = perf_counter() - ev.started
+        ev.returned(out)
         return out
 
-    return handler
+    return guarded_call(hook, method, record, proceed)
 
 
-def plan(agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-         llm_methods: list[str] | None) -> list[tuple[type, str, str | None, Callable[..., Any]]]:
-    cls = type(agent)
-    specs: list[tuple[type, str, str | None, Callable[..., Any]]] = []
-    for name in run_methods or ():
-        specs.append((cls, name, None, run_handler(hook, name)))
-    for name in tool_methods or ():
-        specs.append((cls, name, None, call_handler(hook, name, "tool", method_signature(cls, name),
-                                                    is_coroutine_method(cls, name))))
-    for name in llm_methods or ():
-        specs.append((cls, name, None, call_handler(hook, name, "llm", None, is_coroutine_method(cls, name))))
-    return specs
+class GenericAdapter:
+    """Any agent whose run, tool and LLM methods are named (`hook_into_agent(agent, run_methods=[...])`)."""
+
+    name = "generic"
+
+    def detects(self, agent: Any) -> bool:
+        return False  # never without being told the methods
+
+    def plan(self, agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
+             llm_methods: list[str] | None) -> list[PatchSpec]:
+        cls = type(agent)
+        specs = [PatchSpec(cls, name, None, run_handler(hook, name)) for name in run_methods or ()]
+        specs += [PatchSpec(cls, name, None, tool_handler(hook, cls, name)) for name in tool_methods or ()]
+        specs += [PatchSpec(cls, name, None, llm_handler(hook, cls, name)) for name in llm_methods or ()]
+        return specs
+
+
+def tool_handler(hook: Any, cls: type, name: str) -> Callable[..., Any]:
+    return call_handler(hook, name, "tool", method_signature(cls, name), is_coroutine_method(cls, name))
+
+
+def llm_handler(hook: Any, cls: type, name: str) -> Callable[..., Any]:
+    return call_handler(hook, name, "llm", None, is_coroutine_method(cls, name))
+
+
+ADAPTER = GenericAdapter()
 
 
 def is_coroutine_method(cls: type, name: str) -> bool:

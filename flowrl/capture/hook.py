@@ -35,6 +35,7 @@ from flowrl.capture.collector import (
     attach,
     store_key,
 )
+from flowrl.capture.events import Adapter, PatchSpec
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
 from flowrl.outcomes import HostOutcome, make_outcome
@@ -75,7 +76,6 @@ class Hook:
         self._active = False
         self._fail_counts: dict[str, int] = {}
         self._lock = threading.RLock()  # reentrant: the garbage collector's callback may come in under it
-        self.token_mark: tuple[float, ...] | None = None  # adapters: agent token counters last attributed
         self._deferred: dict[int, tuple[RunRecord, Callable[[], Any], Any]] = {}
         registration.on_error = self._log_failure
         registration.on_written = on_trace
@@ -255,9 +255,9 @@ class Hook:
             self._finish_deferred(key, settled=False)
 
     # -- installing ---------------------------------------------------------------------------------
-    def _install(self, agent: Any, specs: list[tuple[type, str, str | None, Callable[..., Any]]]) -> None:
+    def _install(self, agent: Any, specs: list[PatchSpec]) -> None:
         try:
-            for cls, attr, via, handler in specs:
+            for cls, attr, via, handler in ((p.owner, p.attr, p.via, p.handler) for p in specs):
                 owner = _patch.owner_of(cls, attr)
                 if owner is None:
                     raise ConfigError(f"{cls.__name__} has no method {attr!r}: check run_methods/tool_methods/llm_methods")
@@ -342,8 +342,6 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     options given match the ones it was hooked with, and raises `ConfigError` naming the ones that
     differ otherwise (unhook it first to hook it with others).
     """
-    from flowrl.capture import flowagent, generic
-
     unknown = set(options) - OPTIONS
     if unknown:
         raise ConfigError(f"unknown option(s) for hook_into_agent: {', '.join(sorted(unknown))} "
@@ -398,9 +396,8 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
                 hook = Hook(agent, registration, adapter=adapter, agent_name=effective["agent_name"],
                             metadata=effective["metadata"], max_events=max_events, options=effective,
                             source=source, on_trace=on_trace)
-                module = flowagent if adapter == "flowagent" else generic
-                specs = module.plan(agent, hook, run_methods=run_methods, tool_methods=tool_methods,
-                                    llm_methods=llm_methods)
+                specs = ADAPTERS[adapter]().plan(agent, hook, run_methods=run_methods,
+                                                 tool_methods=tool_methods, llm_methods=llm_methods)
                 hook._install(agent, specs)
     except BaseException:
         registration.close(0)
@@ -427,13 +424,28 @@ def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | N
     return existing
 
 
-def _adapter(agent: Any, adapter: Any) -> str:
-    from flowrl.capture import flowagent
+def _flowagent_adapter() -> Adapter:
+    from flowrl.capture.flowagent import ADAPTER
 
+    return ADAPTER
+
+
+def _generic_adapter() -> Adapter:
+    from flowrl.capture.generic import ADAPTER
+
+    return ADAPTER
+
+
+# name -> the adapter (imported when first used); the ones that detect their agents are asked in this order,
+# and an agent none of them knows gets the generic adapter (which needs run_methods)
+ADAPTERS: dict[str, Callable[[], Adapter]] = {"flowagent": _flowagent_adapter, "generic": _generic_adapter}
+
+
+def _adapter(agent: Any, adapter: Any) -> str:
     if adapter == "auto":
-        adapter = "flowagent" if flowagent.is_flowagent(agent) else "generic"
-    if adapter not in ("flowagent", "generic"):
-        raise ConfigError(f"adapter must be 'auto', 'flowagent' or 'generic', not {adapter!r}")
+        adapter = next((name for name, get in ADAPTERS.items() if get().detects(agent)), "generic")
+    if adapter not in ADAPTERS:
+        raise ConfigError(f"adapter must be 'auto' or one of {', '.join(repr(n) for n in ADAPTERS)}, not {adapter!r}")
     return adapter
 
 

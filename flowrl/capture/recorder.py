@@ -1,15 +1,17 @@
 """Per-run recording state, carried in one context variable.
 
-The hot path only appends small dicts to the current `RunRecord`: no redaction, no serialisation,
-no I/O. The collector's writer thread turns a finished record into a trace (`assemble.py`).
+The hot path only appends small event records (`events.ToolEvent`, `events.LLMEvent`) to the current
+`RunRecord`: no redaction, no serialisation, no I/O. The collector's writer thread turns a finished record
+into a trace (`assemble.py`).
 
-`_FRAME` holds `(run, event)`:
+The context variable holds a `Frame`, `(run, event)`; adapters set it with `enter_frame` and reset it with
+`leave_frame` (the variable itself stays private to this module):
 - `run`: the `RunRecord` the current code belongs to (asyncio tasks copy it when they are created,
   so parallel tool calls and concurrent sessions each see their own run);
 - `event`: the tool event in progress (a nested `arun_function` attaches to it instead of making a
   second record of the same call).
 
-A token from `_FRAME.set` is always reset in the same coroutine frame, and never held across a
+A token from `enter_frame` is always reset in the same coroutine frame, and never held across a
 `yield`: stream relays set and reset it around each step of the wrapped generator.
 """
 
@@ -27,9 +29,14 @@ import wrapt
 from flowrl.schema import new_trace_id
 
 if TYPE_CHECKING:  # pragma: no cover
+    from flowrl.capture.events import Event, ToolEvent
     from flowrl.capture.hook import Hook
 
-_FRAME: ContextVar[tuple[Any, Any] | None] = ContextVar("flowrl_capture_frame", default=None)
+Frame = tuple["RunRecord", "ToolEvent | None"]
+_FRAME: ContextVar[Frame | None] = ContextVar("flowrl_capture_frame", default=None)
+enter_frame = _FRAME.set    # -> a token for leave_frame; always reset in the same coroutine frame
+leave_frame = _FRAME.reset
+current_frame = _FRAME.get
 
 perf_counter = time.perf_counter
 _OUTCOMES_LOCK = threading.Lock()  # between the host adding an outcome and the writer taking them (rare)
@@ -52,7 +59,7 @@ class RunRecord:
         self.session_id = session_id
         self.wall0 = time.time()
         self.perf0 = perf_counter()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.closed = False
         self.duration: float | None = None
         self.result: Any = None
@@ -64,11 +71,11 @@ class RunRecord:
         self.meta: dict[str, Any] = {}
         self.max_events = hook.max_events
         self.overflow = 0
-        self.pre: Any = None  # adapter state taken before the run (e.g. the resumed context's length)
+        self.pre: object = None  # the adapter's own state taken before the run (FlowAgent: the resumed context)
         self.trace_id = new_trace_id()  # known from the start: `flowrl.current_run()` hands it to the host
         self.outcomes: list[Any] | None = []  # the host's, said during the run; None once the writer took them
 
-    def add(self, event: dict[str, Any]) -> bool:
+    def add(self, event: Event) -> bool:
         """Append an event unless the run is finished or over its event budget."""
         if self.closed:
             return False
@@ -104,7 +111,7 @@ class RunRecord:
         return build_trace(self)
 
 
-def frame_of(hook: Hook) -> tuple[RunRecord, Any] | None:
+def frame_of(hook: Hook) -> Frame | None:
     """The current frame when it belongs to a run of this hook, else None. A call with no run around it
     at all is counted as unattributed (it is not recorded)."""
     frame = _FRAME.get()
@@ -170,15 +177,16 @@ def describe_exc(exc: BaseException) -> str | ErrorText:
 
 async def timed(
     hook: Hook,
-    frame: tuple[Any, Any] | None,
-    ev: dict[str, Any],
+    frame: Frame | None,
+    ev: Event,
     coro: Any,
-    out_key: str | None = "out",
+    keep: bool = True,
     post: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Await the host's coroutine, timing it into `ev` (inside `frame` when given: only calls that
-    others nest into need one). The host's result and exceptions pass through unchanged; `post(result)`
-    may return a replacement (a stream wrapper); its failure is counted and the original result returned."""
+    others nest into need one) and keeping its return value (`ev.returned`) unless `keep` is False. The
+    host's result and exceptions pass through unchanged; `post(result)` may return a replacement (a stream
+    wrapper); its failure is counted and the original result returned."""
     token = None if frame is None else _FRAME.set(frame)
     try:
         out = await coro
@@ -188,9 +196,9 @@ async def timed(
     finally:
         if token is not None:
             _FRAME.reset(token)
-    ev["dur"] = perf_counter() - ev["t0"]
-    if out_key is not None:
-        ev[out_key] = out
+    ev.duration = perf_counter() - ev.started
+    if keep:
+        ev.returned(out)
     if post is not None:
         try:
             return post(out)
@@ -199,10 +207,10 @@ async def timed(
     return out
 
 
-def note_exc(hook: Hook, ev: dict[str, Any], exc: BaseException) -> None:
+def note_exc(hook: Hook, ev: Event, exc: BaseException) -> None:
     try:
-        ev["dur"] = perf_counter() - ev["t0"]
-        ev["exc"] = describe_exc(exc)
+        ev.duration = perf_counter() - ev.started
+        ev.error = describe_exc(exc)
     except Exception as err:  # pragma: no cover - defensive: describe_exc does not raise
         hook.fail("recording an exception", err)
 
@@ -212,7 +220,7 @@ def note_exc(hook: Hook, ev: dict[str, Any], exc: BaseException) -> None:
 
 async def relay(
     agen: Any,
-    frame: tuple[Any, Any] | None,
+    frame: Frame | None,
     on_start: Callable[[], None] | None,
     on_item: Callable[[Any], None] | None,
     on_end: Callable[[BaseException | None, bool], None],

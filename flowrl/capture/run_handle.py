@@ -5,7 +5,7 @@
         run.record_outcome(reference="84", source="app")
     ...                                  # later, with the id kept: hook.record_outcome(run.trace_id, success=False)
 
-The run is the one in capture's context variable (`recorder._FRAME`), so the handle follows asyncio tasks and
+The run is the one in capture's context variable (`recorder.current_frame`), so the handle follows asyncio tasks and
 `asyncio.to_thread`; a plain `threading.Thread` starts without it (pass the handle along). Outside a captured run
 `current_run()` is None; it never raises. `record_outcome` never raises either: a bad value is counted in the
 hook's `stats.outcome_errors` and logged, and it returns False.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flowrl.capture.recorder import _FRAME, RunRecord
+from flowrl.capture.recorder import RunRecord, current_frame
 
 
 class RunHandle:
@@ -56,7 +56,7 @@ class RunHandle:
 def current_run() -> RunHandle | None:
     """The captured run the calling code is inside, or None."""
     try:
-        frame = _FRAME.get()
+        frame = current_frame()
         return None if frame is None else RunHandle(frame[0])
     except Exception:  # pragma: no cover - defensive: never raise into the host
         return None
