@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from flowrl.facts import ToolTally, TraceFacts
 from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
 
@@ -32,7 +34,7 @@ def _default(info: Any) -> str:
     return "required" if info.is_required() else repr(info.default)
 
 
-def _model_table(model: type, origin: dict[str, str] | None = None) -> str:
+def _model_table(model: type[BaseModel], origin: dict[str, str] | None = None) -> str:
     rows = ["| field | type | default |" + (" from |" if origin else ""), "|---|---|---|" + ("---|" if origin else "")]
     for name, info in model.model_fields.items():
         row = f"| `{name}` | `{_type(info)}` | `{_default(info)}` |"

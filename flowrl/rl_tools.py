@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class RLTools:
         """State of a training run (the last one started when no name is given) and its log's last lines."""
         name = self._pick(model_name)
         record = self._read(name) if name else None
-        if record is None:
+        if name is None or record is None:
             return "No training runs found. Use start_rl_training to start one."
         state = self._state(name, record)
         tail = ""
@@ -157,7 +157,7 @@ class RLTools:
         """Stop a running `flowrl train` subprocess that this host started."""
         name = self._pick(model_name)
         proc = self._procs.get(name) if name else None
-        if proc is None or proc.poll() is not None:
+        if name is None or proc is None or proc.poll() is not None:
             return f"✗ no training started by this process is running{f' for {name}' if name else ''}"
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # its own session: the trainer and the workers it spawned
@@ -244,6 +244,10 @@ class RLTools:
         ]
 
 
+async def _settle(awaitable: Awaitable[Any]) -> None:
+    await awaitable
+
+
 def register_rl_tools(agent: Any, runs_dir: str | os.PathLike[str] | None = None, **options: Any) -> RLTools:
     """Register the five tools on `agent` with `agent.add_tool(func, name=..., description=...)`; return the RLTools."""
     tools = RLTools(agent, runs_dir, **options)
@@ -251,7 +255,7 @@ def register_rl_tools(agent: Any, runs_dir: str | os.PathLike[str] | None = None
         result = agent.add_tool(func, name=name, description=description)
         if inspect.isawaitable(result):  # some FlowAgent versions made add_tool a coroutine
             try:
-                asyncio.get_running_loop().create_task(result)
+                asyncio.get_running_loop().create_task(_settle(result))
             except RuntimeError:
-                asyncio.run(result)
+                asyncio.run(_settle(result))
     return tools

@@ -163,8 +163,8 @@ def transcript_calls(messages: Iterable[Any]) -> list[TranscriptCall]:
             cid = msg.get("tool_call_id")
             target = by_id.get(str(cid)) if cid else None
             if target is None and not cid:
-                name = msg.get("name")
-                target = next((c for c in calls if c.result is None and (not name or c.name == name)), None)
+                wanted = msg.get("name")
+                target = next((c for c in calls if c.result is None and (not wanted or c.name == wanted)), None)
             if target is not None and target.result is None:
                 target.result = content_text(msg.get("content"))
     return calls

@@ -193,7 +193,7 @@ def release(owner: type, attr: str) -> None:
         wrapper = entry[0]
         wrapper._flowrl_retire()
         if vars(owner).get(attr) is wrapper:
-            setattr(owner, attr, wrapper.__wrapped__)
+            setattr(owner, attr, wrapper.__wrapped__)  # type: ignore[union-attr]  # wrapt's stub: Any | None
             return
         try:
             why = _splice_out(vars(owner).get(attr), wrapper)

@@ -230,7 +230,7 @@ def generic_call_arguments(ev: ToolEvent) -> tuple[Any, Any]:
         bound = sig.bind(*args, **kw) if sig is not None else None
     except TypeError:
         bound = None
-    if bound is None:
+    if bound is None or sig is None:
         if args and isinstance(args[0], str):
             name, args = args[0], args[1:]
         return name, (dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kw

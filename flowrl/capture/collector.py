@@ -393,6 +393,8 @@ class TraceCollector:
         self._wake.wait()
         self._wake.clear()
         batch: list[tuple[ExecutionTrace, _Item]] = []
+        item: _Item | None = None
+        trace: ExecutionTrace | None = None
         while True:
             try:
                 item = self._queue.popleft()
@@ -415,7 +417,8 @@ class TraceCollector:
         if batch:
             self._hand_over(batch)
         held.clear()
-        item = trace = batch = None  # do not hold the last run (nor its hook) while idle
+        item = trace = None  # do not hold the last run (nor its hook) while idle
+        batch = []
         if self._gone:
             self._reap()
         with self._lock:
@@ -542,8 +545,8 @@ class TraceCollector:
             return True
         try:
             if reg.redactor is not None and not masked:
-                masked = redact_outcomes(reg.redactor, [o.model_dump(mode="json") for o in outcomes])
-                outcomes = [HostOutcome.model_validate(o) for o in masked]
+                clean = redact_outcomes(reg.redactor, [o.model_dump(mode="json") for o in outcomes])
+                outcomes = [HostOutcome.model_validate(o) for o in clean]
             self.store.record_outcomes(trace_id, outcomes)
         except BaseException as exc:
             reg.count("outcome_errors")

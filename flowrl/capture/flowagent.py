@@ -20,6 +20,7 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flowrl.capture import generic
@@ -78,12 +79,21 @@ def _last_context(agent: Any, session_id: Any) -> Any:
     return run_id, ctx
 
 
-def _snapshot(agent: Any, session_id: Any) -> tuple[Any, int, Any]:
-    """The context a run in this session would resume, its transcript length and status."""
+@dataclass(slots=True, frozen=True)
+class Resumable:
+    """The context a run in this session would resume, its transcript length and status (taken as the run
+    starts: `RunRecord.pre`)."""
+
+    ctx: Any = None
+    length: int = 0
+    status: Any = None
+
+
+def _snapshot(agent: Any, session_id: Any) -> Resumable:
     _, ctx = _last_context(agent, session_id)
     if ctx is None:
-        return None, 0, None
-    return ctx, len(getattr(ctx, "working_history", None) or ()), getattr(ctx, "status", None)
+        return Resumable()
+    return Resumable(ctx, len(getattr(ctx, "working_history", None) or ()), getattr(ctx, "status", None))
 
 
 def _status(ctx: Any) -> str | None:
@@ -94,15 +104,15 @@ def _status(ctx: Any) -> str | None:
 def _fill_from_ctx(rec: RunRecord, ctx: Any) -> None:
     rec.run_id = getattr(ctx, "run_id", None)
     rec.status = _status(ctx)
-    pre_ctx, pre_len, pre_status = rec.pre or (None, 0, None)
+    pre = rec.pre if isinstance(rec.pre, Resumable) else Resumable()
     start = 0
-    if pre_ctx is ctx and pre_ctx is not None:
-        if pre_status == "running":  # FlowAgent answered through its sidecar; the context is another run's
+    if pre.ctx is ctx and pre.ctx is not None:
+        if pre.status == "running":  # FlowAgent answered through its sidecar; the context is another run's
             rec.meta["sidecar"] = True
             return
         rec.meta["resumed"] = True
-        rec.meta["resumed_after_message"] = pre_len
-        start = pre_len
+        rec.meta["resumed_after_message"] = pre.length
+        start = pre.length
     history = getattr(ctx, "working_history", None) or []
     rec.messages = [dict(m) if isinstance(m, dict) else m for m in history[start:]]
 

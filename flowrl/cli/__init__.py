@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # click usage errors and the like
         if isinstance(exc, _usage_errors()):
-            exc.show()
-            return exc.exit_code
+            exc.show()  # type: ignore[attr-defined]  # click's UsageError or typer's vendored one
+            return int(exc.exit_code)  # type: ignore[attr-defined]
         raise
     return rc if isinstance(rc, int) else 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -62,10 +62,10 @@ def build_dataset(
     flags = {"rows": "--kto-rows", "threshold": "--threshold", "min_group_size": "--min-group-size",
              "max_group_size": "--max-group-size", "select": "--select", "top_share": "--top-share",
              "min_margin": "--min-margin"}
-    given = {k: v for k, v in options.items() if v is not None}
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if given.get("max_group_size") == 0:
         given["max_group_size"] = None
-    builder = make_builder(method, max_chars=max_chars or None, arguments_as=arguments)  # type: ignore[arg-type]
+    builder = make_builder(method, max_chars=max_chars or None, arguments_as=arguments)
     fields = {f.name for f in dataclasses.fields(builder)}
     wrong = [flags[k] for k in given if k not in fields]
     if wrong:
@@ -108,7 +108,7 @@ def _unscored(st: TraceStore, filters: DatasetFilter) -> bool:
     return found
 
 
-def _with_progress(pipeline, st, out, parquet, overwrite):  # type: ignore[no-untyped-def]
+def _with_progress(pipeline, st, out, parquet, overwrite):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     labels = {"read": "reading traces", "write": "writing rows"}

@@ -25,7 +25,7 @@ def demo(
     import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from flowrl.demo.run import Demo, DemoConfig, StageResult
 
@@ -37,7 +37,7 @@ def demo(
     screen = Console(file=sys.stdout, soft_wrap=True)  # bound now: stages send library chatter to demo-out/logs/
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=screen, transient=True) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

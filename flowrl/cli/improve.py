@@ -11,7 +11,7 @@ import typer
 METHOD_HELP = "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade."
 
 
-def _progress_ui():  # type: ignore[no-untyped-def]
+def _progress_ui():
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

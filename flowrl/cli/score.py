@@ -54,7 +54,7 @@ def print_summary(summary: ScoreSummary, root: Path) -> None:
             acc = report.heldout_accuracy
             console.print(f"{name}: trained on {report.n_labels} manual labels"
                           + (f", held-out accuracy {acc:.2f} on {report.heldout_n}" if acc is not None else ""))
-        elif report is not None and getattr(report, "reason", ""):
+        elif report is not None and getattr(report, "reason", None):
             console.print(f"{name}: not trained: {report.reason}")
     for message in summary.problems + summary.errors:
         err_console.print(f"[yellow]skipped[/yellow] {message}", markup=True, highlight=False)

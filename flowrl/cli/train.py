@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Iterator
@@ -259,7 +260,7 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
         traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
         for name, policy in arms.items():
             with ExampleAgents(policy.base_model, engine=engine) as agents:
-                got = run_arms({name: lambda p=policy: agents(p)}, held_out, example_grade,
+                got = run_arms({name: functools.partial(agents, policy)}, held_out, example_grade,
                                concurrency=concurrency or agents.concurrency, store_root=traces)
             for task_id, arm in got.items():
                 outcomes.setdefault(task_id, {}).update(arm)

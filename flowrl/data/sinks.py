@@ -140,7 +140,9 @@ def _arrow(values: list[Any], feature: Any) -> Any:
     if isinstance(feature, Json):
         return pa.array([None if v is None else orjson.dumps(v, default=str).decode() for v in values], type=pa.json_())
     if isinstance(feature, List):
-        offsets, flat, mask = [0], [], []
+        offsets: list[int] = [0]
+        flat: list[Any] = []
+        mask: list[bool] = []
         for v in values:
             mask.append(v is None)
             flat.extend(v or ())

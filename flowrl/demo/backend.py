@@ -165,7 +165,7 @@ class TransformersBackend(TokensInBackend):
 
     def _work(self) -> None:
         batch: _Batch | None = None
-        joiners: list[_Request] = []
+        joiners: list[_Request] | None = []
         try:
             while (joiners := self._next_joiners(batch)) is not None:
                 if joiners:
@@ -176,7 +176,7 @@ class TransformersBackend(TokensInBackend):
             log.exception("the generation thread failed")
             with self._cond:
                 self._worker = None
-                stranded = [*joiners, *(row.request for row in (batch.rows if batch else [])), *self._queue]
+                stranded = [*(joiners or ()), *(row.request for row in (batch.rows if batch else [])), *self._queue]
                 self._queue.clear()
             for request in stranded:
                 if not request.done.is_set():

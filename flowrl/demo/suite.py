@@ -310,7 +310,7 @@ def split(tasks: Iterable[Any], held_out: int = DEFAULT_HELD_OUT, seed: int = 0)
         raise SuiteError(f"cannot hold out {held_out} of {len(tasks)} tasks: ask for fewer, or a bigger suite")
     groups = _components(tasks)
     order = sorted(groups, key=lambda g: _rank(seed, g))
-    quotas, taken, chosen = _quotas(tasks, held_out), Counter(), set()
+    quotas, taken, chosen = _quotas(tasks, held_out), Counter[str](), set()
     for g in order:  # kinds in proportion first
         need = Counter(t.kind for t in groups[g])
         if all(taken[k] + c <= quotas.get(k, 0) for k, c in need.items()):

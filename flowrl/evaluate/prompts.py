@@ -198,8 +198,8 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
             answers = generate_answers(resolved, items, max_new_tokens=max_new_tokens, batch_size=batch_size)
             results = chosen.compute_batch([answer_trace(p, a) for p, a in zip(items, answers)])
             scores = [{n: r[n].value for n in names} for r in results]
-            combined = [chosen.compute_combined(r) for r in results]
-            per_subject[role] = {"answers": answers, "scores": scores, "combined": combined}
+            per_subject[role] = {"answers": answers, "scores": scores,
+                                 "combined": [chosen.compute_combined(r) for r in results]}
 
     per_reward: dict[str, dict[str, Any]] = {}
     for n in names:
@@ -209,7 +209,7 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
             entry[role] = _mean(values)
             entry["judged"][role] = sum(v is not None for v in values)
         per_reward[n] = entry
-    combined = {"baseline": None, "model": None}
+    combined: dict[str, float | None] = {"baseline": None, "model": None}
     for role, res in per_subject.items():
         combined[role] = _mean(res["combined"])
 

@@ -94,7 +94,7 @@ def summarize(outcomes: dict[str, dict[str, bool]], *, base: str = "base", seed:
         arms.extend(a for a in per_arm if a not in arms)
     if base not in arms:
         raise ConfigError(f"no base arm {base!r} among the arms {arms}: run the base model too, or name its arm")
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for task_id, per_arm in outcomes.items():
         for arm in arms:
             if arm not in per_arm:

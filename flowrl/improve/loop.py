@@ -205,9 +205,9 @@ class Improve:
         folder = self.out / f"round-{r}"
         marker = folder / "select.json"
         if marker.exists():
-            done = json.loads(marker.read_text())
-            self.on_stage("select", f"round {r}: {done['n_selected']} runs selected (reused)")
-            return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+            reused = json.loads(marker.read_text())
+            self.on_stage("select", f"round {r}: {reused['n_selected']} runs selected (reused)")
+            return {k: (folder / v if k in ("selected", "control") else v) for k, v in reused.items()}
         store = self.store()
         with RewardEngine() as engine:
             score_store(store, engine)

@@ -21,14 +21,14 @@ Checkpoint `statistics` are lifetime totals and are never spread over turns.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from flowrl.facts import reported_success, tool_failed
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint
 from flowrl.ingest.obs import RunView
 from flowrl.ingest.times import epoch_time, valid_time
 from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment
-from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
+from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, Source, ToolCallTrace
 from flowrl.transcript import canonical_messages, parse_arguments
 
 _ERROR_CHARS = 500
@@ -87,12 +87,19 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
+class _Tasks(TypedDict):
+    """The `ExecutionTrace` task fields `_tasks` fills."""
+
+    tasks_created: list[dict[str, Any]]
+    tasks_completed: list[dict[str, Any]]
+    tasks_failed: list[dict[str, Any]]
+
+
 def _tasks(run_id: str | None, query: str, success: bool | None, answer: str, iterations: int | None,
-           status: str | None) -> dict[str, list[dict[str, Any]]]:
+           status: str | None) -> _Tasks:
     """toolboxv2's rl-module task fields, so its rewards find what they look for."""
     task = {"task_id": run_id or "", "type": "execution_run", "description": query}
-    out: dict[str, list[dict[str, Any]]] = {"tasks_created": [{**task, "timestamp": ""}], "tasks_completed": [],
-                                            "tasks_failed": []}
+    out: _Tasks = {"tasks_created": [{**task, "timestamp": ""}], "tasks_completed": [], "tasks_failed": []}
     done = {**task, "status": status or "completed", "iterations": iterations}
     if success is True:
         out["tasks_completed"].append({**done, "result": answer})
@@ -101,7 +108,7 @@ def _tasks(run_id: str | None, query: str, success: bool | None, answer: str, it
     return out
 
 
-def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: str, query: str, answer: str | None,
+def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: Source, query: str, answer: str | None,
                  checkpoint: Checkpoint | None = None, turn: ChatTurn | None = None) -> ExecutionTrace:
     single = len(run.segments) == 1
     steps = seg.steps if seg.steps is not None else []
@@ -172,7 +179,7 @@ def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> Execu
     )
 
 
-def rejoined(stored: ExecutionTrace, run: RunView, seg: Segment, *, source: str) -> ExecutionTrace:
+def rejoined(stored: ExecutionTrace, run: RunView, seg: Segment, *, source: Source) -> ExecutionTrace:
     """The trace of a run segment whose id is already stored from a poorer file (`flowrl.ingest.upgrade`),
     built as if both files had been read together: a stored checkpoint turn lends its answer, its file name
     and `source="checkpoint"`, as `from_segment` joins a checkpoint turn to its run."""

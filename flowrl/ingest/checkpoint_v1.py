@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 
 def read_v1(path: Path, cp: V1Checkpoint) -> Checkpoint:
     state = cp.__dict__
-    metadata = state.get("metadata") if isinstance(state.get("metadata"), dict) else {}
-    agent_state = state.get("agent_state") if isinstance(state.get("agent_state"), dict) else {}
-    amd = agent_state.get("amd_data") if isinstance(agent_state.get("amd_data"), dict) else {}
+    metadata, agent_state = state.get("metadata"), state.get("agent_state")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    agent_state = agent_state if isinstance(agent_state, dict) else {}
+    amd = agent_state.get("amd_data")
+    amd = amd if isinstance(amd, dict) else {}
     agent = metadata.get("agent_name") or amd.get("name") or path.parent.name
     session_data = state.get("session_data") or {}
     if not isinstance(session_data, dict):

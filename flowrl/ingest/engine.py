@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from flowrl.ingest.times import file_time, json_safe, printable, valid_time
 from flowrl.ingest.upgrade import transcript_rank
 from flowrl.redact import Redactor
 from flowrl.schema import ExecutionTrace
+from flowrl.schema import Source as TraceSource
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +198,8 @@ class Ingestor:
     def _turn(self, cp: Checkpoint, turn: ChatTurn) -> ExecutionTrace | None:
         self.summary.read += 1
         if turn.answer is None:
-            return self._skip("user message without an answer after it (a sidecar question, or a commit in progress)")
+            self._skip("user message without an answer after it (a sidecar question, or a commit in progress)")
+            return None
         run = self.runs.get(turn.run_id, cp.agent, turn.session_id) if turn.run_id else None
         seg = match_segment(run, turn) if run is not None else None
         if run is not None and seg is not None and seg.query is not None:
@@ -206,14 +209,16 @@ class Ingestor:
                                                          answer=turn.answer, checkpoint=cp, turn=turn),
                                rank=transcript_rank(run.transcript_source))
         if turn.run_id is not None and turn.occurrence > 0:
-            return self._skip("auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
-                              "(chat_history repeats the original query)")
+            self._skip("auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
+                       "(chat_history repeats the original query)")
+            return None
         slot = turn.run_id or (f"ts:{turn.timestamp}" if turn.timestamp else "")
         tid = turn_id(cp.agent, turn.session_id, slot, turn.query, turn.answer,
                       0 if turn.run_id else turn.occurrence)
         if turn.run_id is not None and turn.ambiguous_head and not self._known(tid):
-            return self._skip("oldest turn of a history cut at max_history: without its obs file it cannot be told "
-                              "from an auto-resumed turn")
+            self._skip("oldest turn of a history cut at max_history: without its obs file it cannot be told "
+                       "from an auto-resumed turn")
+            return None
         return self._offer(tid, lambda: from_chat(turn, cp, trace_id=tid), rank=transcript_rank("chat_history"))
 
     # -- obs runs and live files ------------------------------------------------------------------
@@ -237,23 +242,23 @@ class Ingestor:
                 self._skip("auto-resumed part of a run without the follow-up user message")
                 continue
             finished = run.finished or (seg.answer is not None and seg.index < last)
+            source: TraceSource
             if finished:
                 tid = turn_id(run.agent, run.session_id, run.run_id, seg.query, seg.answer)
                 source = "obs" if run.kind == "obs" else "live-file"
             else:
                 tid = interrupted_id(run.agent, run.session_id, run.run_id, seg.query)
                 source = "live-file"
-            trace = self._offer(tid, lambda seg=seg, tid=tid, source=source: from_segment(
-                run, seg, trace_id=tid, source=source, query=seg.query or "", answer=None),
-                rank=transcript_rank(run.transcript_source),
-                rebuild=lambda stored, seg=seg, source=source: rejoined(stored, run, seg, source=source))
+            trace = self._offer(tid, partial(from_segment, run, seg, trace_id=tid, source=source, query=seg.query,
+                                             answer=None),
+                                rank=transcript_rank(run.transcript_source),
+                                rebuild=partial(rejoined, run=run, seg=seg, source=source))
             if trace is not None:
                 yield trace
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _skip(self, reason: str) -> None:
         self.summary.skip(reason)
-        return None
 
     def _note(self, reason: str) -> None:
         """Something odd that did not stop anything: counted, and logged the first time."""

@@ -39,11 +39,20 @@ def read_trace_file(path: Path, raw: bytes | None = None) -> ExecutionTrace:
     if not looks_like_trace(data):
         raise NotATrace(f"{path}: not a trace file (no trace_id / user_query)")
     assert isinstance(data, dict)
-    try:
-        _check_id(data.get("trace_id"))  # the store's own rule for ids that are file names
-    except StoreError:
+    if not _storable_id(data.get("trace_id")):
         data = {**data, "trace_id": content_id(raw)}
     try:
         return load_trace(data, origin=str(path))
     except SchemaError as exc:
         raise IngestError(str(exc)) from exc
+
+
+def _storable_id(trace_id: object) -> bool:
+    """Whether `trace_id` passes the store's own rule for ids that are file names."""
+    if not isinstance(trace_id, str):
+        return False
+    try:
+        _check_id(trace_id)
+    except StoreError:
+        return False
+    return True

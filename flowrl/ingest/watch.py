@@ -382,10 +382,14 @@ class Watcher:
         return self.summary
 
     def _start_observer(self) -> Any:
+        from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
         from watchdog.observers.polling import PollingObserver
 
-        handler = _Handler(self._events)
+        class Handler(_Handler, FileSystemEventHandler):
+            """The handler as the type watchdog's `schedule` takes (the base's methods are unused)."""
+
+        handler = Handler(self._events)
         targets = [(d, True) for d in self.dirs] + [(f.parent, False) for f in self.files]
         for cls in (Observer, PollingObserver):
             observer = cls()
@@ -395,7 +399,8 @@ class Watcher:
                 observer.start()
                 return observer
             except OSError as exc:  # inotify limits, unsupported filesystem
-                log.warning("flowrl: %s could not start (%s); trying the polling observer", cls.__name__, exc)
+                log.warning("flowrl: %s could not start (%s); trying the polling observer", type(observer).__name__,
+                            exc)
         raise IngestError("cannot watch the given paths: neither inotify nor polling could start")
 
 

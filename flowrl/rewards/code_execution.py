@@ -46,7 +46,7 @@ class CodeBlock:
 
 def fenced_blocks(text: str, origin: str = "final_response") -> list[CodeBlock]:
     """The ```python / ```bash (and py, python3, sh, shell) blocks of a text; untagged blocks are skipped."""
-    blocks = []
+    blocks: list[CodeBlock] = []
     for match in _FENCE.finditer(text or ""):
         language = LANGUAGES.get(match.group(1).lower())
         code = match.group(2)

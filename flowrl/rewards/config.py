@@ -75,7 +75,7 @@ class RegisteredReward:
     def class_name(self) -> str:
         return self.target.partition(":")[2] if isinstance(self.target, str) else self.target.__qualname__
 
-    def load(self) -> type:
+    def load(self) -> type[Any]:
         if isinstance(self.target, type):
             return self.target
         return getattr(importlib.import_module(self.module), self.class_name)
@@ -204,7 +204,7 @@ def reward_names() -> tuple[str, ...]:
     return tuple(registry())
 
 
-def reward_class(name: str) -> type:
+def reward_class(name: str) -> type[Any]:
     """The class registered under `name` (imported on first use)."""
     entry = registry().get(name)
     if entry is None:

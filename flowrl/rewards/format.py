@@ -68,7 +68,8 @@ class MarkupCall:
 
 def _json_values(text: str) -> list[Any] | None:
     """Every JSON value in `text` (separated by blanks, `;` or `,`), lists flattened; None if any part is not JSON."""
-    decoder, out, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    out: list[Any] = []
     while True:
         while i < len(text) and text[i] in " \t\r\n;,":
             i += 1

@@ -8,6 +8,8 @@ a correctness reward (`flowrl.facts.CORRECTNESS`): a run the host called a failu
 
 from __future__ import annotations
 
+from typing import Any
+
 from flowrl.facts import host_verdict
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.schema import ExecutionTrace
@@ -20,7 +22,7 @@ class HostOutcomeReward(Reward):
 
     def score(self, trace: ExecutionTrace) -> RewardResult:
         verdict = host_verdict(trace)
-        details = {"outcomes": verdict.outcomes}
+        details: dict[str, Any] = {"outcomes": verdict.outcomes}
         if verdict.rewards:
             details["rewards"] = dict(verdict.rewards)
         if verdict.feedback:

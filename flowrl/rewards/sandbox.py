@@ -315,7 +315,8 @@ class Sandbox:
         """Without our own mounts, jobs (uid `drop_uid`) see the host's permissions: a Python installed
         in /root cannot be read by them, so they can import only what the worker preloaded."""
         for path in self._keep_paths():
-            blocked = next((p for p in [path, *Path(path).parents] if not os.stat(p).st_mode & 0o001), None)
+            dirs: list[str | Path] = [path, *Path(path).parents]
+            blocked = next((p for p in dirs if not os.stat(p).st_mode & 0o001), None)
             if blocked is not None:
                 log.warning(
                     "flowrl sandbox: uid %s cannot enter %s, so jobs cannot read %s and can import only the "

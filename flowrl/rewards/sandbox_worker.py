@@ -150,8 +150,9 @@ class Zygote:
         self.private_tmp = bool(config.get("private_tmp"))
         # Where job directories go: our private /tmp, or (shared /tmp) a folder the host made for us.
         self.tmp_root = config.get("tmp_root") or tempfile.gettempdir()
-        self.drop_uid = config.get("drop_uid")
-        self.drop_gid = config.get("drop_gid")
+        # The ids a job runs as when we are root: the host sends drop_gid with drop_uid (None when not root).
+        self.drop_uid: int | None = config.get("drop_uid")
+        self.drop_gid: int = config["drop_gid"] if self.drop_uid is not None else -1  # read only with drop_uid
         self.max_output = int(config.get("max_output", 65536))
         self.output_kill = int(config.get("output_kill", 16 * 1024 * 1024))
         self.devnull = os.open(os.devnull, os.O_RDWR)
@@ -170,7 +171,7 @@ class Zygote:
             open(1, "w", closefd=False, encoding="utf-8", errors="backslashreplace"),
             open(2, "w", closefd=False, encoding="utf-8", errors="backslashreplace", buffering=1),
         )
-        self.server = None  # our end of the fork server's socket (a socket.socket once started)
+        self.server: socket.socket  # our end of the fork server's socket: set by start_fork_server()
         self.server_pid = 0
         self.dirty = False  # in the fork server: something the last job left would not die
 
@@ -645,7 +646,8 @@ def _read(fd: int, block: bool = True) -> bytes:
 
 def _run_python(code: str, stdio: tuple) -> int:  # pragma: no cover - runs in the forked child
     """Run a Python snippet as `python -c` would; return its exit status (SystemExit codes propagate)."""
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio
+    sys.stdin, sys.stdout, sys.stderr = stdio
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio  # type: ignore[misc]  # Final in typeshed; rebound per job
     sys.argv = ["-c"]
     filename = "<snippet>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)

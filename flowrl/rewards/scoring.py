@@ -271,10 +271,10 @@ def score_store(store: TraceStore, engine: RewardEngine, rescore_all: bool = Fal
         return fresh, None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for (_, results), (trace, error) in zip(computed, pool.map(lambda item: write(*item), computed)):
-            if trace is None:
+        for (_, results), (written, error) in zip(computed, pool.map(lambda item: write(*item), computed)):
+            if written is None:
                 summary.failed += 1
                 summary.errors.append(error or "unknown error")
             else:
-                summary.add(trace, results)
+                summary.add(written, results)
     return summary

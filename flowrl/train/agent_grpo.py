@@ -127,7 +127,7 @@ def host_grade_func(adapter: AgentAdapter, rollout: AgentRollout) -> Callable[..
 def agent_grpo_trainer(base: type, *, drop_zero_std: bool = True) -> type:
     """`base` (TRL's GRPOTrainer) that drops zero-variance groups and logs each batch's rewards."""
 
-    class AgentGRPOTrainer(base):  # type: ignore[misc, valid-type]
+    class AgentGRPOTrainer(base):
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             out = super()._generate_and_score_completions(inputs)
             mode = "train" if self.model.training else "eval"

@@ -176,10 +176,15 @@ class RLTrainer:
 
             if agent is not None and config.agent is None:
                 config = config.model_copy(update={"agent": getattr(agent, "name", "agent")})
-            self.agent = resolve_adapter(agent if agent is not None else config.agent)
+            source: Any = agent if agent is not None else config.agent
+            self.agent = resolve_adapter(source)
             if data is None and config.dataset is None:
                 data = tasks_data(self.agent)
-        self.data = data if data is not None else load_dataset_dir(config.dataset)
+        if data is None:
+            if config.dataset is None:
+                raise ConfigError("no dataset to train on: pass --dataset DIR (or --agent for online GRPO)")
+            data = load_dataset_dir(config.dataset)
+        self.data = data
         check_for_method(self.data, config.method)
         self.config = self._with_group_size(config)
         self.settings: RunSettings = resolve_settings(self.config, self.hardware)
@@ -258,7 +263,7 @@ class RLTrainer:
                                 f"(too few rows for the batch size, or every row longer than max_length); see the log above")
         trainer.save_model(str(output_dir))
         rows = [r for r in self.metrics.rows if not r.get("summary")]
-        summary = next((r for r in reversed(self.metrics.rows) if r.get("summary")), {})
+        summary: dict[str, Any] = next((r for r in reversed(self.metrics.rows) if r.get("summary")), {})
         return TrainResult(
             output_dir=output_dir,
             method=self.config.method,
