@@ -24,6 +24,20 @@ def test_ls_lists_traces(store_dir: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "0498911e921f" in out and "3 traces" in out
 
 
+def test_ls_ids_prints_only_ids_and_honours_filters(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["traces", "ls", "--ids", "--store", str(store_dir)]) == 0
+    ids = capsys.readouterr().out.splitlines()
+    assert sorted(ids) == ["0498911e921f", "2a86d8ba994f", "eb4f7d6913ae"]
+    assert main(["traces", "ls", "--ids", "--limit", "1", "--store", str(store_dir)]) == 0
+    assert capsys.readouterr().out.splitlines() == ids[:1]
+    assert main(["traces", "label", "2a86d8ba994f", "bad", "--store", str(store_dir)]) == 0
+    capsys.readouterr()
+    assert main(["traces", "ls", "--ids", "--label", "bad", "--store", str(store_dir)]) == 0
+    assert capsys.readouterr().out == "2a86d8ba994f\n"
+    assert main(["traces", "ls", "--ids", "--agent", "nobody", "--store", str(store_dir)]) == 0
+    assert capsys.readouterr().out == ""
+
+
 def test_show_prints_json(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["traces", "show", "0498911e921f", "--store", str(store_dir)]) == 0
     assert json.loads(capsys.readouterr().out)["trace_id"] == "0498911e921f"

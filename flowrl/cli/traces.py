@@ -77,25 +77,47 @@ def ls(
     source: str | None = typer.Option(None, help="live, checkpoint, obs, live-file or import."),
     label: str | None = typer.Option(None, help="good or bad."),
     limit: int = typer.Option(50, help="Show at most this many (0: all)."),
+    ids: bool = typer.Option(False, "--ids", help="Print only the trace ids, one per line (for scripts)."),
 ) -> None:
     """List traces, newest day last."""
     st = open_store(store)
-    flt = TraceFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, session=session,
-                      source=source, label=_label(label))
+    flt = TraceFilter(
+        since=_date(since, "since"),
+        until=_date(until, "until"),
+        agent=agent,
+        session=session,
+        source=source,
+        label=_label(label),
+    )
+    if ids:  # nothing but ids on stdout, so `$(flowrl traces ls --ids ...)` is a list of ids
+        for shown, t in enumerate(st.iter_traces(flt)):
+            if limit and shown >= limit:
+                break
+            typer.echo(t.trace_id)
+        report_problems(st)
+        return
     rows: list[dict[str, str]] = []
     total = 0
     for t in st.iter_traces(flt):
         total += 1
         if limit and len(rows) >= limit:
             continue
-        rows.append({
-            "trace_id": t.trace_id, "time": t.timestamp[:16].replace("T", " "), "agent": t.agent_name or "",
-            "session": t.session_id, "source": t.source, "tools": str(len(t.tool_calls)),
-            "ok": _OUTCOME[run_outcome(t).verdict],
-            "reward": "" if t.reward_score is None else f"{t.reward_score:.2f}",
-            "label": "" if t.label is None else ("good" if t.label else "bad") + (" (manual)" if is_manual_label(t) else ""),
-            "query": (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
-        })
+        rows.append(
+            {
+                "trace_id": t.trace_id,
+                "time": t.timestamp[:16].replace("T", " "),
+                "agent": t.agent_name or "",
+                "session": t.session_id,
+                "source": t.source,
+                "tools": str(len(t.tool_calls)),
+                "ok": _OUTCOME[run_outcome(t).verdict],
+                "reward": "" if t.reward_score is None else f"{t.reward_score:.2f}",
+                "label": ""
+                if t.label is None
+                else ("good" if t.label else "bad") + (" (manual)" if is_manual_label(t) else ""),
+                "query": (t.user_query[:50] + "…") if len(t.user_query) > 50 else t.user_query,
+            }
+        )
     widths, hidden = _fit_columns(rows, console.size.width)
     table = Table(box=None, pad_edge=False)
     for name, width in widths.items():
@@ -107,9 +129,12 @@ def ls(
     out = console if needed <= console.size.width else Console(file=console.file, width=needed, soft_wrap=True)
     out.print(table)
     shown = len(rows)
-    console.print(f"{total} traces under {st.root}" + (f", {shown} shown" if shown < total else "")
-                  + (f"; {', '.join(hidden)} hidden: widen the terminal to see them" if hidden and rows else ""),
-                  highlight=False)
+    console.print(
+        f"{total} traces under {st.root}"
+        + (f", {shown} shown" if shown < total else "")
+        + (f"; {', '.join(hidden)} hidden: widen the terminal to see them" if hidden and rows else ""),
+        highlight=False,
+    )
     report_problems(st)
 
 
@@ -141,8 +166,9 @@ def annotate(
     if not s.exists(trace_id):
         raise ConfigError(f"no trace {trace_id!r} under {s.root}: list them with `flowrl traces ls`")
     rewards = dict(parse_reward(text) for text in reward)
-    outcome = make_outcome(reference=_masked(reference), success=success, rewards=rewards,
-                           feedback=_masked(feedback), source=source)
+    outcome = make_outcome(
+        reference=_masked(reference), success=success, rewards=rewards, feedback=_masked(feedback), source=source
+    )
     s.record_outcome(trace_id, outcome)
     said = [f"reference {outcome.reference!r}"] if outcome.reference is not None else []
     said += [] if outcome.success is None else ["success" if outcome.success else "failure"]
