@@ -68,8 +68,14 @@ def conversations(n: int) -> list[list[dict[str, Any]]]:
     from flowrl.demo.agent import FEW_SHOT, SYSTEM_PROMPT
     from flowrl.demo.tasks import TASKS
 
-    return [[{"role": "system", "content": SYSTEM_PROMPT}, *FEW_SHOT, {"role": "user", "content": TASKS[i % len(TASKS)].query}]
-            for i in range(n)]
+    return [
+        [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            *FEW_SHOT,
+            {"role": "user", "content": TASKS[i % len(TASKS)].query},
+        ]
+        for i in range(n)
+    ]
 
 
 async def converse(backend: Any, messages: list[dict[str, Any]], turns: int, tool_s: float) -> int:
@@ -79,8 +85,10 @@ async def converse(backend: Any, messages: list[dict[str, Any]], turns: int, too
         reply = await asyncio.to_thread(backend.complete, messages)
         new_tokens += reply.completion_tokens
         await asyncio.sleep(tool_s)
-        messages += [{"role": "assistant", "content": reply.text},
-                     {"role": "user", "content": f"[exec_code result] {17 * (turn + 3)}"}]
+        messages += [
+            {"role": "assistant", "content": reply.text},
+            {"role": "user", "content": f"[exec_code result] {17 * (turn + 3)}"},
+        ]
     return new_tokens
 
 
@@ -95,8 +103,9 @@ async def phase(backend: Any, starts: list[list[dict[str, Any]]], *, concurrent:
     return sum(await asyncio.gather(*(one(m) for m in starts)))
 
 
-def measure(backend: Any, starts: list[list[dict[str, Any]]], *, batch_size: int, turns: int,
-            tool_s: float) -> dict[str, Any]:
+def measure(
+    backend: Any, starts: list[list[dict[str, Any]]], *, batch_size: int, turns: int, tool_s: float
+) -> dict[str, Any]:
     spy = backend.model = _Rows(backend.model)
     backend.batch_size = batch_size
     load_before = os.getloadavg()
@@ -104,15 +113,24 @@ def measure(backend: Any, starts: list[list[dict[str, Any]]], *, batch_size: int
     tokens = asyncio.run(phase(backend, starts, concurrent=batch_size, turns=turns, tool_s=tool_s))
     seconds = time.perf_counter() - t0
     backend.model = spy.model
-    return {"batch_size": batch_size, "calls": sum(spy.prefills), "new_tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 2), "prefill_rows": spy.prefills,
-            "prefill_s": round(spy.prefill_s, 2), "decode_s": round(spy.step_s, 2),
-            "mean_decode_rows": round(sum(spy.steps) / max(len(spy.steps), 1), 2),
-            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "batch_size": batch_size,
+        "calls": sum(spy.prefills),
+        "new_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "prefill_rows": spy.prefills,
+        "prefill_s": round(spy.prefill_s, 2),
+        "decode_s": round(spy.step_s, 2),
+        "mean_decode_rows": round(sum(spy.steps) / max(len(spy.steps), 1), 2),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
-def measure_llama(model_dir: Path, starts: list[list[dict[str, Any]]], args: argparse.Namespace,
-                  tool_s: float) -> dict[str, Any]:
+def measure_llama(
+    model_dir: Path, starts: list[list[dict[str, Any]]], args: argparse.Namespace, tool_s: float
+) -> dict[str, Any]:
     """The conversations one after another through LlamaCppBackend (the GGUF is written first, not timed)."""
     from flowrl.demo.llama_backend import LlamaCppBackend
 
@@ -133,10 +151,19 @@ def measure_llama(model_dir: Path, starts: list[list[dict[str, Any]]], args: arg
     t0 = time.perf_counter()
     tokens = asyncio.run(phase(backend, starts, concurrent=1, turns=args.turns, tool_s=tool_s))
     seconds = time.perf_counter() - t0
-    return {"calls": len(calls), "new_tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 2), "prefill_rows": [], "prefill_s": float("nan"),
-            "decode_s": round(sum(calls), 2), "mean_decode_rows": 1.0, "gguf": backend.gguf.name,
-            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "calls": len(calls),
+        "new_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "prefill_rows": [],
+        "prefill_s": float("nan"),
+        "decode_s": round(sum(calls), 2),
+        "mean_decode_rows": 1.0,
+        "gguf": backend.gguf.name,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def main() -> int:
@@ -161,12 +188,20 @@ def main() -> int:
     from flowrl.models import ensure_default_model
 
     model_dir = ensure_default_model()
-    backend = TransformersBackend(model_dir, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  batch_size=args.callers, max_wait_ms=args.max_wait_ms)
+    backend = TransformersBackend(
+        model_dir,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        batch_size=args.callers,
+        max_wait_ms=args.max_wait_ms,
+    )
     starts = conversations(args.conversations or args.callers)
-    print(f"model {model_dir.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, {os.cpu_count()} cores, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"model {model_dir.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, {os.cpu_count()} cores, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     tool_s = args.tool_ms / 1000
     measure(backend, starts[:1], batch_size=1, turns=1, tool_s=0)  # warm-up
     results = {"batch 1": measure(backend, starts, batch_size=1, turns=args.turns, tool_s=tool_s)}
@@ -176,21 +211,28 @@ def main() -> int:
     if llama_cpp_available() and not args.no_llama:
         results["llama.cpp"] = measure_llama(model_dir, starts, args, tool_s)
     one, many = results["batch 1"], results["batched"]
-    print(f"{'phase':<9} {'calls':>5} {'new tokens':>10} {'seconds':>8} {'tokens/s':>9} {'prefill s':>9} "
-          f"{'decode s':>8} {'rows/step':>9}  load before -> after")
+    print(
+        f"{'phase':<9} {'calls':>5} {'new tokens':>10} {'seconds':>8} {'tokens/s':>9} {'prefill s':>9} "
+        f"{'decode s':>8} {'rows/step':>9}  load before -> after"
+    )
     for name, r in results.items():
-        print(f"{name:<9} {r['calls']:>5} {r['new_tokens']:>10} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.2f} "
-              f"{r['prefill_s']:>9.1f} {r['decode_s']:>8.1f} {r['mean_decode_rows']:>9.2f}  "
-              f"{' '.join(map(str, r['load_before']))} -> {' '.join(map(str, r['load_after']))}")
+        print(
+            f"{name:<9} {r['calls']:>5} {r['new_tokens']:>10} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.2f} "
+            f"{r['prefill_s']:>9.1f} {r['decode_s']:>8.1f} {r['mean_decode_rows']:>9.2f}  "
+            f"{' '.join(map(str, r['load_before']))} -> {' '.join(map(str, r['load_after']))}"
+        )
     ratio = many["tokens_per_s"] / one["tokens_per_s"]
     print(f"batched / batch 1: {ratio:.2f}x; rows of each prefill in the batched phase: {many['prefill_rows']}")
     if "llama.cpp" in results:
         fast = results["llama.cpp"]["tokens_per_s"]
-        print(f"llama.cpp / batch 1: {fast / one['tokens_per_s']:.2f}x; llama.cpp / batched: "
-              f"{fast / many['tokens_per_s']:.2f}x")
+        print(
+            f"llama.cpp / batch 1: {fast / one['tokens_per_s']:.2f}x; llama.cpp / batched: "
+            f"{fast / many['tokens_per_s']:.2f}x"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "ratio": round(ratio, 3), "args": vars(args)}, indent=2,
-                                        default=str))
+        args.json.write_text(
+            json.dumps({"results": results, "ratio": round(ratio, 3), "args": vars(args)}, indent=2, default=str)
+        )
     return 0
 
 

@@ -124,10 +124,20 @@ def part1(calls: int, rounds: int, store_root: Path) -> tuple[list[dict[str, Any
     other = type(generic_agent)()  # same (patched) class, not hooked
     fa_agent = make_class("FlowLikeAgent", flowagent=True)()
     hooks = [
-        hook_into_agent(generic_agent, store=store_root / "generic", run_methods=["a_run"],
-                        tool_methods=["arun_function"], max_events_per_run=calls + 10),
-        hook_into_agent(fa_agent, store=store_root / "flowagent", adapter="flowagent",
-                        run_methods=["a_run"], max_events_per_run=calls + 10),
+        hook_into_agent(
+            generic_agent,
+            store=store_root / "generic",
+            run_methods=["a_run"],
+            tool_methods=["arun_function"],
+            max_events_per_run=calls + 10,
+        ),
+        hook_into_agent(
+            fa_agent,
+            store=store_root / "flowagent",
+            adapter="flowagent",
+            run_methods=["a_run"],
+            max_events_per_run=calls + 10,
+        ),
     ]
     cases: dict[str, tuple[Any, bool]] = {
         "bare await": (bare, False),
@@ -161,8 +171,15 @@ def part1(calls: int, rounds: int, store_root: Path) -> tuple[list[dict[str, Any
     rows = []
     for name, values in samples.items():
         med = statistics.median(values)
-        rows.append({"case": name, "us_per_call": med * 1e6, "added_us": (med - base) * 1e6,
-                     "ratio_to_bare": med / base, "spread_us": (max(values) - min(values)) * 1e6})
+        rows.append(
+            {
+                "case": name,
+                "us_per_call": med * 1e6,
+                "added_us": (med - base) * 1e6,
+                "ratio_to_bare": med / base,
+                "spread_us": (max(values) - min(values)) * 1e6,
+            }
+        )
     extra = {"otel": otel is not None, "hook_stats": stats}
     return rows, extra
 
@@ -180,13 +197,18 @@ class ToolAgent:
 
     async def a_run(self, query: str, session_id: str = "default") -> str:
         for i in range(self.k):
-            await self.call_tool("search_docs", {"query": f"{query} part {i}", "limit": 5,
-                                                 "api_key": SECRETS[i % 3] if i % 4 == 0 else None})
+            await self.call_tool(
+                "search_docs",
+                {"query": f"{query} part {i}", "limit": 5, "api_key": SECRETS[i % 3] if i % 4 == 0 else None},
+            )
         return f"Answer for {query}: " + "lorem ipsum dolor sit amet " * 8
 
     async def call_tool(self, name: str, args: dict[str, Any]) -> str:
-        return ("Found 5 documents. " + "The quick brown fox jumps over the lazy dog. " * 6
-                + (f"token={SECRETS[args['limit'] % 3]}" if args.get("api_key") else ""))
+        return (
+            "Found 5 documents. "
+            + "The quick brown fox jumps over the lazy dog. " * 6
+            + (f"token={SECRETS[args['limit'] % 3]}" if args.get("api_key") else "")
+        )
 
 
 async def paced(agent: ToolAgent, hook: Any, rate: float, seconds: float) -> dict[str, Any]:
@@ -202,8 +224,13 @@ async def paced(agent: ToolAgent, hook: Any, rate: float, seconds: float) -> dic
         await agent.a_run(f"question {i}", session_id=f"s{i % 8}")
         max_depth = max(max_depth, hook.queued)
     elapsed = time.perf_counter() - t0
-    return {"runs": total, "events": total * agent.k, "elapsed_s": elapsed,
-            "achieved_events_per_s": total * agent.k / elapsed, "max_queue_depth": max_depth}
+    return {
+        "runs": total,
+        "events": total * agent.k,
+        "elapsed_s": elapsed,
+        "achieved_events_per_s": total * agent.k / elapsed,
+        "max_queue_depth": max_depth,
+    }
 
 
 def part2(rate: float, seconds: float, events_per_run: int, root: Path) -> dict[str, Any]:
@@ -219,8 +246,9 @@ def part2(rate: float, seconds: float, events_per_run: int, root: Path) -> dict[
     # the ceiling: queue everything at once, time until written
     agent = ToolAgent(events_per_run)
     n_runs = max(200, int(rate * 2 / events_per_run))
-    hook = hook_into_agent(agent, store=root / "ceiling", run_methods=["a_run"], tool_methods=["call_tool"],
-                           queue_size=n_runs + 10)
+    hook = hook_into_agent(
+        agent, store=root / "ceiling", run_methods=["a_run"], tool_methods=["call_tool"], queue_size=n_runs + 10
+    )
 
     async def burst() -> float:
         t0 = time.perf_counter()
@@ -232,9 +260,14 @@ def part2(rate: float, seconds: float, events_per_run: int, root: Path) -> dict[
     t0 = time.perf_counter() - loop_s
     hook.flush(300)
     total_s = time.perf_counter() - t0
-    result["ceiling"] = {"runs": n_runs, "events": n_runs * events_per_run, "loop_s": loop_s,
-                         "written": hook.stats.written, "traces_per_s": hook.stats.written / total_s,
-                         "events_per_s": hook.stats.written * events_per_run / total_s}
+    result["ceiling"] = {
+        "runs": n_runs,
+        "events": n_runs * events_per_run,
+        "loop_s": loop_s,
+        "written": hook.stats.written,
+        "traces_per_s": hook.stats.written / total_s,
+        "events_per_s": hook.stats.written * events_per_run / total_s,
+    }
     result["stored_files"] = TraceStore(root / "paced").count()
     hook.unhook()
     return result
@@ -270,8 +303,12 @@ def writer_cpu(events_per_run: int, runs: int, root: Path) -> dict[str, float]:
     write_cpu_s = (time.thread_time() - t) / min(200, len(traces))
     write_wall_s = (time.perf_counter() - w) / min(200, len(traces))
     hook.unhook()
-    return {"python_ms_per_trace": python_s * 1e3, "python_us_per_event": python_s * 1e6 / events_per_run,
-            "store_write_cpu_ms": write_cpu_s * 1e3, "store_write_wall_ms": write_wall_s * 1e3}
+    return {
+        "python_ms_per_trace": python_s * 1e3,
+        "python_us_per_event": python_s * 1e6 / events_per_run,
+        "store_write_cpu_ms": write_cpu_s * 1e3,
+        "store_write_wall_ms": write_wall_s * 1e3,
+    }
 
 
 def run_overhead(rounds: int, root: Path, n: int = 3000) -> dict[str, float]:
@@ -301,11 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=10000.0, help="events/s offered to the writer")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--events-per-run", type=int, default=10)
-    ap.add_argument("--store-dir", type=Path, default=None,
-                    help="where the bench's stores go (default: a temp dir; /dev/shm takes the disk out of it)")
+    ap.add_argument(
+        "--store-dir",
+        type=Path,
+        default=None,
+        help="where the bench's stores go (default: a temp dir; /dev/shm takes the disk out of it)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-capture-", dir=args.store_dir) as tmp:
         root = Path(tmp)
         rows, extra = part1(args.calls, args.rounds, root)
@@ -313,17 +356,25 @@ def main(argv: list[str] | None = None) -> int:
         print("| case | µs/call | added vs bare (µs) | ratio to bare | spread (µs) |")
         print("|---|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['case']} | {r['us_per_call']:.2f} | {r['added_us']:+.2f} | {r['ratio_to_bare']:.2f}x | {r['spread_us']:.2f} |")
+            print(
+                f"| {r['case']} | {r['us_per_call']:.2f} | {r['added_us']:+.2f} | {r['ratio_to_bare']:.2f}x | {r['spread_us']:.2f} |"
+            )
         if not extra["otel"]:
-            print("\nopentelemetry-sdk is not installed: the OpenTelemetry row is skipped "
-                  "(`pip install opentelemetry-sdk` into the venv to add it).")
+            print(
+                "\nopentelemetry-sdk is not installed: the OpenTelemetry row is skipped "
+                "(`pip install opentelemetry-sdk` into the venv to add it)."
+            )
         hooked = [r for r in rows if r["case"].startswith("hooked")]
         worst = max(r["added_us"] for r in hooked)
-        print(f"\ntarget: < {TARGET_US:.0f} µs added per captured call: {'met' if worst < TARGET_US else 'MISSED'} "
-              f"(worst {worst:.2f} µs)")
+        print(
+            f"\ntarget: < {TARGET_US:.0f} µs added per captured call: {'met' if worst < TARGET_US else 'MISSED'} "
+            f"(worst {worst:.2f} µs)"
+        )
         ro = run_overhead(args.rounds, root)
-        print(f"\nper captured run (record, finish, queue; a run with no calls): bare {ro['bare']:.2f} µs, "
-              f"hooked {ro['hooked']:.2f} µs, added {ro['hooked'] - ro['bare']:+.2f} µs")
+        print(
+            f"\nper captured run (record, finish, queue; a run with no calls): bare {ro['bare']:.2f} µs, "
+            f"hooked {ro['hooked']:.2f} µs, added {ro['hooked'] - ro['bare']:+.2f} µs"
+        )
         w = part2(args.rate, args.seconds, args.events_per_run, root)
         st = w["stats"]
         print(f"\n## Writer, redaction on ({args.events_per_run} captured tool calls per run, default queue)\n")
@@ -337,19 +388,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| final flush | {w['final_flush_s'] * 1000:.0f} ms |")
         print(f"| secrets masked | {st['secrets_masked']} |")
         c = w["ceiling"]
-        print(f"| writer ceiling | {c['events_per_s']:,.0f} events/s = {c['traces_per_s']:,.0f} traces/s "
-              f"({c['runs']} runs queued at once) |")
+        print(
+            f"| writer ceiling | {c['events_per_s']:,.0f} events/s = {c['traces_per_s']:,.0f} traces/s "
+            f"({c['runs']} runs queued at once) |"
+        )
         cpu = writer_cpu(args.events_per_run, 500, root)
-        print(f"| writer CPU, Python steps (build, mask, validate, serialise) | {cpu['python_ms_per_trace']:.3f} ms/trace "
-              f"= {cpu['python_us_per_event']:.1f} µs/event |")
-        print(f"| TraceStore.write (atomic + fsync) | {cpu['store_write_wall_ms']:.2f} ms wall, "
-              f"{cpu['store_write_cpu_ms']:.2f} ms CPU per trace |")
+        print(
+            f"| writer CPU, Python steps (build, mask, validate, serialise) | {cpu['python_ms_per_trace']:.3f} ms/trace "
+            f"= {cpu['python_us_per_event']:.1f} µs/event |"
+        )
+        print(
+            f"| TraceStore.write (atomic + fsync) | {cpu['store_write_wall_ms']:.2f} ms wall, "
+            f"{cpu['store_write_cpu_ms']:.2f} ms CPU per trace |"
+        )
         w["writer_cpu"] = cpu
         ok = st["dropped"] == 0 and st["errors"] == 0 and w["flushed"]
         print(f"\ntarget: no drops at {args.rate:,.0f} events/s: {'met' if ok else 'MISSED'}")
         if args.json:
-            args.json.write_text(json.dumps({"per_call": rows, "per_run_us": ro, "writer": w, **extra},
-                                            indent=2, default=str))
+            args.json.write_text(
+                json.dumps({"per_call": rows, "per_run_us": ro, "writer": w, **extra}, indent=2, default=str)
+            )
     return 0
 
 

@@ -51,8 +51,12 @@ def run(sizes: list[int], methods: list[str], n_tasks: int) -> list[dict]:
             print(f"generated {size} traces in {gen:.1f}s (not counted)", file=sys.stderr)
             for method in methods:
                 out = Path(tmp) / f"out-{method}"
-                proc = subprocess.run([sys.executable, "-c", CHILD, str(store), str(out), method],
-                                      capture_output=True, text=True, check=False)
+                proc = subprocess.run(
+                    [sys.executable, "-c", CHILD, str(store), str(out), method],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
                 if proc.returncode:
                     raise SystemExit(f"build failed for {method} x {size}:\n{proc.stderr[-2000:]}")
                 row = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -69,8 +73,10 @@ def table(results: list[dict]) -> str:
         if r["method"] == "kto" and r["size"] >= 100_000:
             ok = r["seconds"] < TARGET_S and r["peak_mib"] < TARGET_MIB
             target = ("met" if ok else "MISSED") + f" (<{TARGET_S:.0f}s, <{TARGET_MIB:.0f} MiB)"
-        lines.append(f"| {r['method']} | {r['size']:,} | {r['rows']:,} | {r['seconds']:.1f} | "
-                     f"{r['size'] / r['seconds']:,.0f} | {r['peak_mib']:.0f} | {target} |")
+        lines.append(
+            f"| {r['method']} | {r['size']:,} | {r['rows']:,} | {r['seconds']:.1f} | "
+            f"{r['size'] / r['seconds']:,.0f} | {r['peak_mib']:.0f} | {target} |"
+        )
     return "\n".join(lines)
 
 

@@ -55,33 +55,58 @@ def main() -> int:
     episodes = args.train_tasks * args.samples
     on_stage = StageClock()
 
-    print(f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}; "
-          f"{episodes} agent episodes per arm ({args.train_tasks} tasks x {args.samples})", flush=True)
+    print(
+        f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}; "
+        f"{episodes} agent episodes per arm ({args.train_tasks} tasks x {args.samples})",
+        flush=True,
+    )
     with ExampleAgents(model_dir, engine=args.engine) as agents:
-        cfg = ImproveConfig(out=args.out / "sft", rounds=1, samples=args.samples, control=None,
-                            temperature=args.temperature, concurrency=agents.concurrency, epochs=args.epochs,
-                            seed=args.seed)
+        cfg = ImproveConfig(
+            out=args.out / "sft",
+            rounds=1,
+            samples=args.samples,
+            control=None,
+            temperature=args.temperature,
+            concurrency=agents.concurrency,
+            epochs=args.epochs,
+            seed=args.seed,
+        )
         loop = Improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage)
         (sft,) = loop.run()
 
         grpo_dir = args.out / "grpo"
         if not (grpo_dir / "adapter_config.json").exists():
             adapter = example_adapter(train_tasks=args.train_tasks, seed=args.seed)
-            config = TrainingConfig(method="grpo", agent="example", output_dir=grpo_dir, max_steps=args.train_tasks,
-                                    num_generations=args.samples, per_device_train_batch_size=args.samples,
-                                    gradient_accumulation_steps=1, temperature=args.temperature, seed=args.seed,
-                                    progress_bar=False, overwrite=True, save_steps=10)
+            config = TrainingConfig(
+                method="grpo",
+                agent="example",
+                output_dir=grpo_dir,
+                max_steps=args.train_tasks,
+                num_generations=args.samples,
+                per_device_train_batch_size=args.samples,
+                gradient_accumulation_steps=1,
+                temperature=args.temperature,
+                seed=args.seed,
+                progress_bar=False,
+                overwrite=True,
+                save_steps=10,
+            )
             result = TrainingPipeline(config, agent=adapter).run()
             rollouts = result.info.get("rollouts") or {}
-            on_stage("grpo", f"{result.global_step} steps, {rollouts.get('episodes')} episodes, "
-                             f"{rollouts.get('tool_calls')} tool calls, masked {rollouts.get('masked')}")
+            on_stage(
+                "grpo",
+                f"{result.global_step} steps, {rollouts.get('episodes')} episodes, "
+                f"{rollouts.get('tool_calls')} tool calls, masked {rollouts.get('masked')}",
+            )
         else:
             on_stage("grpo", "already trained (reused)")
         grpo = loop._eval_arm("grpo", grpo_dir)
         on_stage("eval", f"grpo: {sum(grpo.values())} of {len(grpo)} held-out tasks right")
 
     per_task = {t["task_id"]: t["outcomes"] for t in json.loads(sft.eval_path.read_text())["tasks"]}
-    outcomes = {tid: {"base": arms["base"], "sft": arms["round-1"], "grpo": grpo[tid]} for tid, arms in per_task.items()}
+    outcomes = {
+        tid: {"base": arms["base"], "sft": arms["round-1"], "grpo": grpo[tid]} for tid, arms in per_task.items()
+    }
     data = summarize(outcomes, base="base")
     head_to_head = summarize({tid: {"sft": o["sft"], "grpo": o["grpo"]} for tid, o in outcomes.items()}, base="sft")
     write_eval_json(args.out / "eval.json", data)
@@ -90,10 +115,20 @@ def main() -> int:
     for line in [*format_table(data), "", *format_table(head_to_head)]:
         print(line)
     wall = on_stage.elapsed
-    (args.out / "bench.json").write_text(json.dumps(
-        {"args": vars(args), "episodes_per_arm": episodes, "wall_s": round(wall, 1), "stages": on_stage.stages,
-         "arms": data["arms"], "comparisons": data["comparisons"] + head_to_head["comparisons"]},
-        indent=2, default=str))
+    (args.out / "bench.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "episodes_per_arm": episodes,
+                "wall_s": round(wall, 1),
+                "stages": on_stage.stages,
+                "arms": data["arms"],
+                "comparisons": data["comparisons"] + head_to_head["comparisons"],
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"\n{wall / 60:.1f} min in all")
     return 0
 

@@ -53,8 +53,14 @@ class StageClock:
 
     def __call__(self, stage: str, summary: str) -> None:
         now = time.perf_counter()
-        self.stages.append({"stage": stage, "seconds": round(now - self.last, 1), "summary": summary,
-                            "load": round(os.getloadavg()[0], 2)})
+        self.stages.append(
+            {
+                "stage": stage,
+                "seconds": round(now - self.last, 1),
+                "summary": summary,
+                "load": round(os.getloadavg()[0], 2),
+            }
+        )
         print(f"[{now - self.start:7.1f} s] {stage:<8} +{now - self.last:6.1f} s  {summary}", flush=True)
         self.last = now
 
@@ -85,15 +91,27 @@ def main() -> int:
 
     model_dir = ensure_default_model()
     train, held_out = example_tasks(args.train_tasks, args.eval_tasks, seed=args.seed)
-    machine = {"cores": os.cpu_count(), "cpu": _cpu(), "python": platform.python_version(),
-               "load_start": [round(x, 2) for x in os.getloadavg()]}
+    machine = {
+        "cores": os.cpu_count(),
+        "cpu": _cpu(),
+        "python": platform.python_version(),
+        "load_start": [round(x, 2) for x in os.getloadavg()],
+    }
     print(f"{machine['cores']} cores ({machine['cpu']}), load average {machine['load_start']}", flush=True)
     on_stage = StageClock()
 
     with ExampleAgents(model_dir, engine=args.engine) as agents:
-        cfg = ImproveConfig(out=args.out, rounds=args.rounds, samples=args.samples, method=args.method,
-                            control=None if args.control == "none" else args.control, temperature=args.temperature,
-                            concurrency=agents.concurrency, epochs=args.epochs, seed=args.seed)
+        cfg = ImproveConfig(
+            out=args.out,
+            rounds=args.rounds,
+            samples=args.samples,
+            method=args.method,
+            control=None if args.control == "none" else args.control,
+            temperature=args.temperature,
+            concurrency=agents.concurrency,
+            epochs=args.epochs,
+            seed=args.seed,
+        )
         on_stage("engine", f"{agents.engine}, {cfg.concurrency} runs at a time")
         results = improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage)
     wall = on_stage.elapsed
@@ -102,23 +120,43 @@ def main() -> int:
     rounds = []
     for result in results:
         data = json.loads(result.eval_path.read_text())
-        print(f"\nround {result.round}: {result.collected} runs collected, {result.right} right, "
-              f"{result.selected} selected ({result.eval_path})")
+        print(
+            f"\nround {result.round}: {result.collected} runs collected, {result.right} right, "
+            f"{result.selected} selected ({result.eval_path})"
+        )
         for line in format_table(data):
             print("  " + line)
-        rounds.append({"round": result.round, "collected": result.collected, "right": result.right,
-                       "selected": result.selected, "eval": str(result.eval_path), "arms": data["arms"],
-                       "comparisons": data["comparisons"]})
+        rounds.append(
+            {
+                "round": result.round,
+                "collected": result.collected,
+                "right": result.right,
+                "selected": result.selected,
+                "eval": str(result.eval_path),
+                "arms": data["arms"],
+                "comparisons": data["comparisons"],
+            }
+        )
     final = rounds[-1]
     arm = final["arms"][f"round-{final['round']}"]
     comparison = next(c for c in final["comparisons"] if c["b"] == f"round-{final['round']}")
-    checks = {"rate >= 40%": arm["rate"] >= TARGET_RATE, "McNemar p < 0.01": comparison["mcnemar_p"] < TARGET_P,
-              "n >= 150": arm["n"] >= TARGET_N, "within 30 min": wall <= TARGET_S}
+    checks = {
+        "rate >= 40%": arm["rate"] >= TARGET_RATE,
+        "McNemar p < 0.01": comparison["mcnemar_p"] < TARGET_P,
+        "n >= 150": arm["n"] >= TARGET_N,
+        "within 30 min": wall <= TARGET_S,
+    }
     verdict = "met" if all(checks.values()) else "not met (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
     print(f"\n{wall / 60:.1f} min in all; load average {machine['load_start']} -> {machine['load_end']}")
     print(f"target (>= 40% held-out success, p < 0.01, n >= 150, <= 30 min): {verdict}")
-    out = {"args": vars(args), "machine": machine, "wall_s": round(wall, 1), "stages": on_stage.stages, "rounds": rounds,
-           "target": {"checks": checks, "met": all(checks.values())}}
+    out = {
+        "args": vars(args),
+        "machine": machine,
+        "wall_s": round(wall, 1),
+        "stages": on_stage.stages,
+        "rounds": rounds,
+        "target": {"checks": checks, "met": all(checks.values())},
+    }
     (args.out / "bench.json").write_text(json.dumps(out, indent=2, default=str))
     return 0
 

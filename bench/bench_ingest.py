@@ -58,7 +58,10 @@ def build(root: Path, files: int, sessions: int, *, all_new: bool = False) -> Pa
         for sid in targets:
             n += 1
             q = f"Task {n}: summarise the quarterly numbers for region {n % 7} and list the three largest changes."
-            a = f"Run {n} done. " + "Region figures were compared quarter over quarter; the largest changes are listed. " * 4
+            a = (
+                f"Run {n} done. "
+                + "Region figures were compared quarter over quarter; the largest changes are listed. " * 4
+            )
             histories[sid] = (histories[sid] + samples.turn(q, a, _run_id(n)))[-100:]
         cp = samples.v2_checkpoint(AGENT, histories, timestamp=start + timedelta(seconds=f), bulk=2000, tools=30)
         stamp = (start + timedelta(seconds=f)).strftime("%Y%m%d_%H%M%S")
@@ -66,8 +69,14 @@ def build(root: Path, files: int, sessions: int, *, all_new: bool = False) -> Pa
     obs = root / "Agents" / AGENT / "obs"
     for k in range(max(n - 2, 1), n + 1):  # the obs ring buffer keeps the last 3 runs
         sid = targets[-1]
-        run = samples.obs_run(_run_id(k), AGENT, sid, f"obs-only run {k}", f"answer {k}",
-                              tools=[("get_weather", {"city": "Berlin"}, "Berlin: 21C")])
+        run = samples.obs_run(
+            _run_id(k),
+            AGENT,
+            sid,
+            f"obs-only run {k}",
+            f"answer {k}",
+            tools=[("get_weather", {"city": "Berlin"}, "Berlin: 21C")],
+        )
         samples.write_obs_run(obs, run)
     return root
 
@@ -96,16 +105,27 @@ def worker(data: Path, store_dir: Path, trace_memory: bool) -> dict:
     summary = ingest_paths([data], TraceStore(store_dir))
     seconds = time.perf_counter() - t0
     heap_peak = tracemalloc.get_traced_memory()[1] if trace_memory else None
-    return {"files": summary.files_read, "read": summary.read, "new": summary.new, "duplicate": summary.duplicate,
-            "skipped": summary.skipped, "rejected": summary.rejected_count, "seconds": seconds,
-            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "heap_peak_mb": None if heap_peak is None else heap_peak / 2**20}
+    return {
+        "files": summary.files_read,
+        "read": summary.read,
+        "new": summary.new,
+        "duplicate": summary.duplicate,
+        "skipped": summary.skipped,
+        "rejected": summary.rejected_count,
+        "seconds": seconds,
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "heap_peak_mb": None if heap_peak is None else heap_peak / 2**20,
+    }
 
 
 def run_case(data: Path, tmp: Path, name: str, trace_memory: bool) -> dict:
     store = tmp / f"store-{name.replace('/', '-')}-{int(trace_memory)}"
-    out = subprocess.run([sys.executable, __file__, "--worker", str(data), str(store)] +
-                         (["--trace-memory"] if trace_memory else []), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", str(data), str(store)] + (["--trace-memory"] if trace_memory else []),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -128,24 +148,33 @@ def main() -> int:
         small = subset(full, tmp / "snapshots-100", min(100, args.files))
         fresh = build(tmp / "all-new", min(100, args.files), args.sessions, all_new=True)
         size = sum(p.stat().st_size for p in (full / "Agents" / "checkpoint" / AGENT).glob("*.pkl"))
-        print(f"built {args.files} checkpoints x {args.sessions} sessions ({size / 2**20:.0f} MB, "
-              f"{size / args.files / 1024:.0f} KB per file) in {time.perf_counter() - t0:.1f} s")
-        cases = [(f"snapshots/{min(100, args.files)}", small), (f"snapshots/{args.files}", full),
-                 (f"all-new/{min(100, args.files)}", fresh)]
+        print(
+            f"built {args.files} checkpoints x {args.sessions} sessions ({size / 2**20:.0f} MB, "
+            f"{size / args.files / 1024:.0f} KB per file) in {time.perf_counter() - t0:.1f} s"
+        )
+        cases = [
+            (f"snapshots/{min(100, args.files)}", small),
+            (f"snapshots/{args.files}", full),
+            (f"all-new/{min(100, args.files)}", fresh),
+        ]
         rows = []
         for name, data in cases:
             r = run_case(data, tmp, name, trace_memory=False)
             r["heap_peak_mb"] = run_case(data, tmp, name, trace_memory=True)["heap_peak_mb"]
             rows.append((name, r))
-        header = f"{'case':<18}{'files':>7}{'read':>9}{'new':>7}{'dup':>9}{'skip':>6}{'s':>8}{'files/s':>9}" \
-                 f"{'read/s':>10}{'new/s':>8}{'RSS MB':>8}{'heap MB':>9}"
+        header = (
+            f"{'case':<18}{'files':>7}{'read':>9}{'new':>7}{'dup':>9}{'skip':>6}{'s':>8}{'files/s':>9}"
+            f"{'read/s':>10}{'new/s':>8}{'RSS MB':>8}{'heap MB':>9}"
+        )
         print(header)
         print("-" * len(header))
         for name, r in rows:
             s = r["seconds"]
-            print(f"{name:<18}{r['files']:>7}{r['read']:>9}{r['new']:>7}{r['duplicate']:>9}{r['skipped']:>6}{s:>8.2f}"
-                  f"{r['files'] / s:>9.0f}{r['read'] / s:>10.0f}{r['new'] / s:>8.0f}{r['maxrss_mb']:>8.0f}"
-                  f"{r['heap_peak_mb']:>9.1f}")
+            print(
+                f"{name:<18}{r['files']:>7}{r['read']:>9}{r['new']:>7}{r['duplicate']:>9}{r['skipped']:>6}{s:>8.2f}"
+                f"{r['files'] / s:>9.0f}{r['read'] / s:>10.0f}{r['new'] / s:>8.0f}{r['maxrss_mb']:>8.0f}"
+                f"{r['heap_peak_mb']:>9.1f}"
+            )
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)

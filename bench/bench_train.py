@@ -39,9 +39,18 @@ def length_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> 
 def make_config(method: str, model: str, data: Path, out: Path, steps: int) -> Any:
     from flowrl.train import TrainingConfig
 
-    return TrainingConfig(method=method, dataset=data, base_model=model, output_dir=out, max_steps=steps,
-                          save_steps=10_000, max_completion_length=16, max_length=128, progress_bar=False,
-                          overwrite=True)
+    return TrainingConfig(
+        method=method,
+        dataset=data,
+        base_model=model,
+        output_dir=out,
+        max_steps=steps,
+        save_steps=10_000,
+        max_completion_length=16,
+        max_length=128,
+        progress_bar=False,
+        overwrite=True,
+    )
 
 
 def run_flowrl(cfg: Any, hw: Any) -> tuple[list[float], list[float], float]:
@@ -67,9 +76,15 @@ def run_raw(cfg: Any, hw: Any) -> tuple[list[float], list[float], float]:
     started = time.perf_counter()
     data = load_dataset_dir(cfg.dataset)
     timer = StepTimer()
-    trainer, _ = build_trl_trainer(cfg, resolve_settings(cfg, hw), resolve_model(cfg.base_model).path, data,
-                                   Path(cfg.output_dir), [timer],
-                                   reward_funcs=[length_reward] if cfg.method == "grpo" else None)
+    trainer, _ = build_trl_trainer(
+        cfg,
+        resolve_settings(cfg, hw),
+        resolve_model(cfg.base_model).path,
+        data,
+        Path(cfg.output_dir),
+        [timer],
+        reward_funcs=[length_reward] if cfg.method == "grpo" else None,
+    )
     trainer.train()
     trainer.save_model(str(cfg.output_dir))
     return timer.durations, timer.cpu_durations, time.perf_counter() - started
@@ -96,8 +111,11 @@ def bench(method: str, model: str, steps: int, rounds: int, root: Path) -> dict[
             cpu_step[side].extend(cpu[1:])
             wall[side].append(seconds)
             round_median[side] = statistics.median(durations[1:])
-            print(f"  {method} round {r + 1} {side}: median {round_median[side]:.4f} s/step "
-                  f"({statistics.median(cpu[1:]):.4f} CPU s), run {seconds:.1f} s", file=sys.stderr)
+            print(
+                f"  {method} round {r + 1} {side}: median {round_median[side]:.4f} s/step "
+                f"({statistics.median(cpu[1:]):.4f} CPU s), run {seconds:.1f} s",
+                file=sys.stderr,
+            )
         ratios.append(round_median["flowrl"] / round_median["raw"])
     med = {k: statistics.median(v) for k, v in per_step.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu_step.items()}
@@ -120,23 +138,30 @@ def bench(method: str, model: str, steps: int, rounds: int, root: Path) -> dict[
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| method | model | flowrl s/step | raw TRL s/step | overhead (wall) | paired | flowrl CPU s/step | "
-             "raw CPU s/step | overhead (CPU) | flowrl run s | raw run s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | model | flowrl s/step | raw TRL s/step | overhead (wall) | paired | flowrl CPU s/step | "
+        "raw CPU s/step | overhead (CPU) | flowrl run s | raw run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r['method']} | {r['model']} | {r['flowrl_s_per_step']:.4f} | {r['raw_trl_s_per_step']:.4f} | "
             f"{r['overhead']:+.1%} | {r['overhead_paired']:+.1%} | {r['flowrl_cpu_s_per_step']:.4f} | "
             f"{r['raw_trl_cpu_s_per_step']:.4f} | {r['overhead_cpu']:+.1%} | {r['flowrl_run_s']:.1f} | "
-            f"{r['raw_trl_run_s']:.1f} |")
-    lines.append(f"\ntarget: flowrl's overhead within {TARGET_OVERHEAD:.0%} of raw TRL. On a shared machine wall time "
-                 "swings with other load; CPU time (this process only; use --threads 1) is the steadier figure.")
+            f"{r['raw_trl_run_s']:.1f} |"
+        )
+    lines.append(
+        f"\ntarget: flowrl's overhead within {TARGET_OVERHEAD:.0%} of raw TRL. On a shared machine wall time "
+        "swings with other load; CPU time (this process only; use --threads 1) is the steadier figure."
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="tiny (random 2-layer model, built here), smollm2-135m, or a path")
+    parser.add_argument(
+        "--model", default="tiny", help="tiny (random 2-layer model, built here), smollm2-135m, or a path"
+    )
     parser.add_argument("--methods", nargs="+", default=["sft", "grpo"], choices=["sft", "dpo", "kto", "grpo"])
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
     parser.add_argument("--rounds", type=int, default=3, help="flowrl/raw pairs, alternating order")

@@ -21,10 +21,44 @@ BENCHES = [
     ("backend", ["bench_backend.py"]),
 ]
 ON_REQUEST = [
-    ("improve", ["bench_improve.py", "--out", "bench-improve", "--rounds", "2", "--train-tasks", "100", "--samples", "4",
-                 "--eval-tasks", "150", "--temperature", "0.7", "--epochs", "3"]),
-    ("grpo", ["bench_grpo_vs_sft.py", "--out", "bench-grpo-vs-sft", "--train-tasks", "50", "--samples", "4",
-              "--eval-tasks", "150", "--temperature", "0.7", "--epochs", "3"]),
+    (
+        "improve",
+        [
+            "bench_improve.py",
+            "--out",
+            "bench-improve",
+            "--rounds",
+            "2",
+            "--train-tasks",
+            "100",
+            "--samples",
+            "4",
+            "--eval-tasks",
+            "150",
+            "--temperature",
+            "0.7",
+            "--epochs",
+            "3",
+        ],
+    ),
+    (
+        "grpo",
+        [
+            "bench_grpo_vs_sft.py",
+            "--out",
+            "bench-grpo-vs-sft",
+            "--train-tasks",
+            "50",
+            "--samples",
+            "4",
+            "--eval-tasks",
+            "150",
+            "--temperature",
+            "0.7",
+            "--epochs",
+            "3",
+        ],
+    ),
 ]
 
 

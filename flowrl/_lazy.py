@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
-def lazy_exports(package: str, exports: dict[str, str], eager: Iterable[str] = ()) -> tuple[
-        Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, exports: dict[str, str], eager: Iterable[str] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     names = sorted({*exports, *eager})
 
     def __getattr__(name: str) -> Any:

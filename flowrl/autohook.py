@@ -58,7 +58,10 @@ def _hook_instance(agent: Any) -> None:
 
         store = os.environ.get("FLOWRL_STORE") or None
         options: dict[str, Any] = {}
-        for env, key in (("FLOWRL_AUTOHOOK_RUN_METHODS", "run_methods"), ("FLOWRL_AUTOHOOK_TOOL_METHODS", "tool_methods")):
+        for env, key in (
+            ("FLOWRL_AUTOHOOK_RUN_METHODS", "run_methods"),
+            ("FLOWRL_AUTOHOOK_TOOL_METHODS", "tool_methods"),
+        ):
             names = [n.strip() for n in os.environ.get(env, "").split(",") if n.strip()]
             if names:
                 options[key] = names

@@ -46,9 +46,7 @@ def require(module: str, extra: str = "train"):
     try:
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError(
-            f"{module} is not installed: run `pip install 'flowrl[{extra}]'` ({exc})"
-        ) from exc
+        raise MissingExtraError(f"{module} is not installed: run `pip install 'flowrl[{extra}]'` ({exc})") from exc
 
 
 class ModelError(FlowRLError):

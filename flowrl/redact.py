@@ -70,8 +70,16 @@ class _Pattern:
     words: tuple[str, ...] = ()  # the prefilters in lower case
 
 
-def _p(kind: str, pattern: str, words: tuple[str, ...], *, ci: bool = False, group: int | str = 0,
-       find: Finder | None = None, anchored: bool = False) -> _Pattern:
+def _p(
+    kind: str,
+    pattern: str,
+    words: tuple[str, ...],
+    *,
+    ci: bool = False,
+    group: int | str = 0,
+    find: Finder | None = None,
+    anchored: bool = False,
+) -> _Pattern:
     cases = tuple(dict.fromkeys(c for w in words for c in ((w, w.upper(), w.capitalize()) if ci else (w,))))
     lowered = tuple(w.lower() for w in words)
     return _Pattern(kind, re.compile(pattern), cases, False, group, find, anchored, ci, lowered)
@@ -119,9 +127,24 @@ SECRET_KEY_RE = re.compile(
     r"|(?:.*[_\-. ])?(?:pass|pw|auth|sig))$"
 )
 # Names that end like a secret but hold none: pagination cursors and a tokenizer's special tokens.
-_SAFE_ENDINGS = ("pagetoken", "nexttoken", "continuationtoken", "synctoken", "cursortoken", "bostoken",
-                 "eostoken", "padtoken", "unktoken", "septoken", "clstoken", "masktoken", "starttoken", "endtoken",
-                 "stoptoken", "pertoken")
+_SAFE_ENDINGS = (
+    "pagetoken",
+    "nexttoken",
+    "continuationtoken",
+    "synctoken",
+    "cursortoken",
+    "bostoken",
+    "eostoken",
+    "padtoken",
+    "unktoken",
+    "septoken",
+    "clstoken",
+    "masktoken",
+    "starttoken",
+    "endtoken",
+    "stoptoken",
+    "pertoken",
+)
 _SAFE_NAMES = frozenset({"ntoken", "numtoken", "maxtoken"})  # counts
 
 
@@ -162,9 +185,32 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 _CAMEL = re.compile(r"(?:[A-Z][a-z0-9]+){2,}")
 _PLAIN_WORD = re.compile(r"[A-Za-z][a-z]*|[a-z_]+|[A-Z_]+")
 _WORDY = re.compile(r"(?:[A-Z]?[a-z]{2,}|[A-Z]+|\d{1,4}[a-z]?)+")  # `Gemma3nEmbedder`: words, not random
-_NOT_SECRET = frozenset({"none", "null", "nil", "true", "false", "undefined", "str", "string", "int", "bytes",
-                         "bool", "float", "any", "object", "secretstr", "secretbytes", "optional", "required",
-                         "bearer", "basic", "token", "digest"})
+_NOT_SECRET = frozenset(
+    {
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "str",
+        "string",
+        "int",
+        "bytes",
+        "bool",
+        "float",
+        "any",
+        "object",
+        "secretstr",
+        "secretbytes",
+        "optional",
+        "required",
+        "bearer",
+        "basic",
+        "token",
+        "digest",
+    }
+)
 
 
 def _placeholder(value: str) -> bool:
@@ -206,6 +252,7 @@ def _word_start(m: re.Match[str], text: str) -> tuple[int, int] | None:
 def _group_if(group: str, ok: Callable[[str], bool]) -> Finder:
     def find(m: re.Match[str], text: str) -> tuple[int, int] | None:
         return m.span(group) if ok(_g(m, text, group)) else None
+
     return find
 
 
@@ -224,14 +271,23 @@ def _basic_credentials(value: str) -> bool:
 
 
 def _header_value(value: str) -> bool:
-    return (len(value) >= 6 and _MARK not in value and not _placeholder(value)
-            and not _PLAIN_WORD.fullmatch(value) and not _is_code(value, ""))
+    return (
+        len(value) >= 6
+        and _MARK not in value
+        and not _placeholder(value)
+        and not _PLAIN_WORD.fullmatch(value)
+        and not _is_code(value, "")
+    )
 
 
 def _cookie_value(value: str) -> bool:
     value = value.strip()
-    return (_MARK not in value and not _placeholder(value) and not _is_code(value.rstrip("("), value[-1:])
-            and ("=" in value or (len(value) >= 16 and " " not in value)))
+    return (
+        _MARK not in value
+        and not _placeholder(value)
+        and not _is_code(value.rstrip("("), value[-1:])
+        and ("=" in value or (len(value) >= 16 and " " not in value))
+    )
 
 
 def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:
@@ -239,7 +295,7 @@ def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:
     name_start = _name_start(m.string, m.start("kw"))
     if name_start is None:
         return None
-    name = text[name_start:m.start("sep")]
+    name = text[name_start : m.start("sep")]
     sep, quote, value = _g(m, text, "sep"), _g(m, text, "q"), _g(m, text, "value")
     compact = _compact(name)
     if not _is_secret_key(name) or _MARK in value or compact.endswith(("authorization", "cookie", "cookies")):
@@ -259,14 +315,19 @@ def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:
     if sep.strip().lower() in ("is", "was", "to"):  # prose: the value runs to the next space
         end = start + len(text[start:].split(None, 1)[0].rstrip(".,;:!?)\"'`"))
         value = text[start:end]
-        ok = (len(value) >= 6 and compact not in ("pass", "auth", "pw", "sig") and any(c.isdigit() for c in value)
-              and not re.search(r"[`'\"(){}\[\]<>:]", value) and not _PLAIN_WORD.fullmatch(value))
+        ok = (
+            len(value) >= 6
+            and compact not in ("pass", "auth", "pw", "sig")
+            and any(c.isdigit() for c in value)
+            and not re.search(r"[`'\"(){}\[\]<>:]", value)
+            and not _PLAIN_WORD.fullmatch(value)
+        )
         return (start, end) if ok and not _placeholder(value) and not _is_code(value, "") else None
     if quote and not quote.endswith("`"):
         return None if len(value) < 3 or _placeholder(value) else (start, end)
     if quote and any(c.isspace() for c in value):
         return None  # `code` or prose in backticks
-    after = text[end:end + 1]
+    after = text[end : end + 1]
     if _placeholder(value) or value.lower() in _NOT_SECRET or (compact in ("pwd", "oldpwd") and value[0] in "/~"):
         return None
     if before and before in "?&#;" or (sep == "=" and name.isupper()):
@@ -277,11 +338,11 @@ def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:
         head = text[:name_start].rstrip()[-1:]
         if "=" in sep and (sep.lstrip("\\\"'`]")[:1].isspace() or head in ("(", ",")):
             return None  # `password = password`, `f(api_key=api_key)`
-        if ":" in sep and re.match(r"[ \t]*(?:[,)};|]|=[^=])", text[end:end + 8]):
+        if ":" in sep and re.match(r"[ \t]*(?:[,)};|]|=[^=])", text[end : end + 8]):
             return None  # `{"password": pwd}`, `(password: str)`, `key: Path | None = None`
         if ":" in sep and _CAMEL.fullmatch(value):
             return None  # a type: `sig: ExportGraphSignature`
-        if after == " " and text[end + 1:end + 2].isalpha():
+        if after == " " and text[end + 1 : end + 2].isalpha():
             return None  # prose: "Password: at least twelve characters"
     return start, end
 
@@ -290,9 +351,17 @@ def _flag(m: re.Match[str], text: str) -> tuple[int, int] | None:
     """`--api-token VALUE`."""
     name_start = _name_start(m.string, m.start("kw"))
     value = _g(m, text, "value")
-    ok = (name_start is not None and text[name_start] == "-" and _is_secret_key(text[name_start:m.start("gap")])
-          and len(value) >= 6 and value[0] not in "-[<{" and _MARK not in value and not _PLAIN_WORD.fullmatch(value)
-          and not _placeholder(value) and not _is_code(value, ""))
+    ok = (
+        name_start is not None
+        and text[name_start] == "-"
+        and _is_secret_key(text[name_start : m.start("gap")])
+        and len(value) >= 6
+        and value[0] not in "-[<{"
+        and _MARK not in value
+        and not _PLAIN_WORD.fullmatch(value)
+        and not _placeholder(value)
+        and not _is_code(value, "")
+    )
     return m.span("value") if ok else None
 
 
@@ -310,22 +379,59 @@ _VALUE_QUOTE = r"\\{0,3}[\"'`]"
 # `name = value`, `"name": "value"`, `name is value`, `("NAME", "value")`: the value quoted or bare. The
 # regex starts at the keyword (fast to find) and wants a name that ends like a secret's; `_assigned` finds
 # where the name begins and decides.
-_NAME_END = "(?:" + "|".join(f"(?<={end})" for end in (
-    "pass", "pw", "pwd", "passwd", "password", "phrase", "secret", "token", "key", "credential", "credentials",
-    "authorization", "auth", "cookie", "cookies", "signature", "sig", "value", "string", "b64", "base64")) + ")"
-_SEP = (rf"(?P<sep>{_VALUE_QUOTE}?\]?(?:[ \t]{{0,4}}(?:=>|:=|=(?![=~]))|:(?![:/]))[ \t]{{0,16}}"
-        rf"|[ \t]+(?:is|was|to)[ \t]+|{_VALUE_QUOTE}[ \t]*,[ \t]*)")
-_VALUE = (rf"(?P<q>{_VALUE_QUOTE})?(?P<value>(?(q)(?!(?P=q))[^\n]{{1,2048}}?"  # quoted: up to the same quote
-          r"|[^\s\"'`,;&|<>(){}\[\]\\]{3,512}))(?(q)(?P=q))")  # bare: up to a space or a delimiter
+_NAME_END = (
+    "(?:"
+    + "|".join(
+        f"(?<={end})"
+        for end in (
+            "pass",
+            "pw",
+            "pwd",
+            "passwd",
+            "password",
+            "phrase",
+            "secret",
+            "token",
+            "key",
+            "credential",
+            "credentials",
+            "authorization",
+            "auth",
+            "cookie",
+            "cookies",
+            "signature",
+            "sig",
+            "value",
+            "string",
+            "b64",
+            "base64",
+        )
+    )
+    + ")"
+)
+_SEP = (
+    rf"(?P<sep>{_VALUE_QUOTE}?\]?(?:[ \t]{{0,4}}(?:=>|:=|=(?![=~]))|:(?![:/]))[ \t]{{0,16}}"
+    rf"|[ \t]+(?:is|was|to)[ \t]+|{_VALUE_QUOTE}[ \t]*,[ \t]*)"
+)
+_VALUE = (
+    rf"(?P<q>{_VALUE_QUOTE})?(?P<value>(?(q)(?!(?P=q))[^\n]{{1,2048}}?"  # quoted: up to the same quote
+    r"|[^\s\"'`,;&|<>(){}\[\]\\]{3,512}))(?(q)(?P=q))"
+)  # bare: up to a space or a delimiter
 _PROVIDERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("anthropic_key", r"sk-ant-[A-Za-z0-9_\-]{16,}", ("sk-ant-",)),
     ("openai_key", r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
-    ("stripe_key", r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}",
-     ("k_live_", "k_test_", "whsec_")),
+    (
+        "stripe_key",
+        r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}",
+        ("k_live_", "k_test_", "whsec_"),
+    ),
     ("github_token", r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}", ("gh", "github_pat_")),
     ("gitlab_token", r"gl(?:pat|dt|rt|ptt|cbt|soat|ft|imt|agent|oas)-[A-Za-z0-9_\-]{20,}", ("gl",)),
-    ("aws_access_key_id", r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Za-z0-9])",
-     ("AKIA", "ASIA", "ABIA", "ACCA", "A3T")),
+    (
+        "aws_access_key_id",
+        r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Za-z0-9])",
+        ("AKIA", "ASIA", "ABIA", "ACCA", "A3T"),
+    ),
     ("google_api_key", r"AIza[0-9A-Za-z_\-]{35}", ("AIza",)),
     ("google_oauth_secret", r"GOCSPX-[A-Za-z0-9_\-]{24,}", ("GOCSPX-",)),
     ("huggingface_token", r"(?:hf_|api_org_)[A-Za-z0-9]{30,}", ("hf_", "api_org_")),
@@ -359,55 +465,132 @@ _PROVIDERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 PATTERNS: tuple[_Pattern, ...] = (
-    _p("private_key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-       r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)|AGE-SECRET-KEY-1[0-9A-Z]{50,}",
-       ("PRIVATE KEY", "AGE-SECRET-KEY-")),
+    _p(
+        "private_key",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+        r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)|AGE-SECRET-KEY-1[0-9A-Z]{50,}",
+        ("PRIVATE KEY", "AGE-SECRET-KEY-"),
+    ),
     *(_p(kind, body, pre, find=_word_start) for kind, body, pre in _PROVIDERS),
     _p("telegram_bot_token", r"(?<!\d)\d{8,10}:AA[A-Za-z0-9_\-]{33}", (":AA",)),  # also in `/bot<token>/`
     _p("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyJ",)),
-    _p("slack_token", r"\bxox[abposre]-[A-Za-z0-9\-]{10,}|\bxapp-\d-[A-Za-z0-9\-]{10,}"
-       r"|https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]+",
-       ("xox", "xapp-", "hooks.slack.com")),
-    _p("discord_webhook", r"https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]+",
-       ("discord",)),
+    _p(
+        "slack_token",
+        r"\bxox[abposre]-[A-Za-z0-9\-]{10,}|\bxapp-\d-[A-Za-z0-9\-]{10,}"
+        r"|https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]+",
+        ("xox", "xapp-", "hooks.slack.com"),
+    ),
+    _p(
+        "discord_webhook",
+        r"https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]+",
+        ("discord",),
+    ),
     _p("url_password", r"://[^\s:/@]*:(?P<value>[^\s@/]+)@", ("://",), find=_group_if("value", _not_placeholder)),
-    _p("curl_user", r"(?:-u|--user)[\s=]+[\"']?[^\s:\"'/]+:(?P<value>[^\s\"'@]+)", ("-u", "--user"),
-       find=_curl_password),
-    _p("basic_auth", r"\bbasic\s+(?P<value>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])", ("basic",), ci=True,
-       find=_group_if("value", _basic_credentials)),
-    _p("bearer_token", r"\bbearer\s+(?P<value>[A-Za-z0-9\-._~+/]{12,}=*)", ("bearer",), ci=True,
-       find=_group_if("value", lambda v: not _PLAIN_WORD.fullmatch(v))),
-    _p("authorization", rf"authorization(?<!\wauthorization){_VALUE_QUOTE}?\s*[:=]\s*{_VALUE_QUOTE}?"
-       r"(?:(?:basic|bearer|token|digest|negotiate|ntlm|bot|apikey|api-key|key|sso-key)\s+)?"
-       r"(?P<value>[^\s\"'`\\,;]+)",
-       ("authorization",), ci=True, find=_group_if("value", _header_value)),
-    _p("cookie", rf"cookie(?<!\wcookie){_VALUE_QUOTE}?\s*[:=]\s*{_VALUE_QUOTE}?(?P<value>[^\r\n\"'`\\]+)",
-       ("cookie",), ci=True, find=_group_if("value", _cookie_value)),
-    _p("aws_secret_key", r"(secret_?(?:access_?)?key\\{0,3}[\"']?\s*[:=]\s*\\{0,3}[\"']?)([a-z0-9/+=]{40})"
-       r"(?![a-z0-9/+=])", ("secret",), ci=True, group=2),
-    _p("assigned_secret", rf"(?P<kw>{_WORDS})[\w.\-]{{0,40}}+{_NAME_END}{_SEP}{_VALUE}",
-       (*_KEYWORDS, "cookie", "sig"), ci=True, find=_assigned, anchored=True),
-    _p("assigned_secret", rf"(?P<kw>{_WORDS})[\w\-]{{0,40}}+{_NAME_END}(?P<gap>[ \t]+)(?P<q>[\"']?)"
-       r"(?P<value>[^\s\"'|;&<>()]+)(?P=q)", _KEYWORDS, ci=True, find=_flag, anchored=True),
-    _p("assigned_secret", rf"<(?P<name>[\w:.\-]{{0,40}}?(?:{_WORDS})[\w:.\-]{{0,40}})(?:\s[^<>]{{0,200}})?>"
-       r"(?P<value>[^<>]{1,512})</(?P=name)>", _KEYWORDS, ci=True, find=_element),
-    _p("netrc_password", r"\blogin\s+\S+\s+password\s+(?P<value>\S+)", ("login",), ci=True,
-       find=_group_if("value", _not_placeholder)),
-    _p("cli_password", r"(?:\b(?:(?:docker|podman|helm|oras|skopeo|buildah)\s+(?:registry\s+)?login|sshpass)\b"
-       r"[^\n|;&]{0,200}?\s-p[ \t]*|\bmysql(?:dump|admin)?\b[^\n|;&]{0,200}?\s-p)"
-       r"(?P<q>['\"]?)(?P<value>[^\s'\"-][^\s'\"]*)(?P=q)",
-       ("login", "sshpass", "mysql"), ci=True, find=_group_if("value", _not_placeholder)),
-    _p("high_entropy_secret", r"(?:pass|pw|secret|token|key|credential|auth)[^\n]{0,32}?(?<![a-z0-9+/_\-])"
-       r"(?P<value>[a-z0-9+/_\-]{20,}={0,2})(?![a-z0-9+/=_\-])", _KEYWORDS, ci=True,
-       find=_group_if("value", _random_token), anchored=True),
+    _p(
+        "curl_user",
+        r"(?:-u|--user)[\s=]+[\"']?[^\s:\"'/]+:(?P<value>[^\s\"'@]+)",
+        ("-u", "--user"),
+        find=_curl_password,
+    ),
+    _p(
+        "basic_auth",
+        r"\bbasic\s+(?P<value>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])",
+        ("basic",),
+        ci=True,
+        find=_group_if("value", _basic_credentials),
+    ),
+    _p(
+        "bearer_token",
+        r"\bbearer\s+(?P<value>[A-Za-z0-9\-._~+/]{12,}=*)",
+        ("bearer",),
+        ci=True,
+        find=_group_if("value", lambda v: not _PLAIN_WORD.fullmatch(v)),
+    ),
+    _p(
+        "authorization",
+        rf"authorization(?<!\wauthorization){_VALUE_QUOTE}?\s*[:=]\s*{_VALUE_QUOTE}?"
+        r"(?:(?:basic|bearer|token|digest|negotiate|ntlm|bot|apikey|api-key|key|sso-key)\s+)?"
+        r"(?P<value>[^\s\"'`\\,;]+)",
+        ("authorization",),
+        ci=True,
+        find=_group_if("value", _header_value),
+    ),
+    _p(
+        "cookie",
+        rf"cookie(?<!\wcookie){_VALUE_QUOTE}?\s*[:=]\s*{_VALUE_QUOTE}?(?P<value>[^\r\n\"'`\\]+)",
+        ("cookie",),
+        ci=True,
+        find=_group_if("value", _cookie_value),
+    ),
+    _p(
+        "aws_secret_key",
+        r"(secret_?(?:access_?)?key\\{0,3}[\"']?\s*[:=]\s*\\{0,3}[\"']?)([a-z0-9/+=]{40})"
+        r"(?![a-z0-9/+=])",
+        ("secret",),
+        ci=True,
+        group=2,
+    ),
+    _p(
+        "assigned_secret",
+        rf"(?P<kw>{_WORDS})[\w.\-]{{0,40}}+{_NAME_END}{_SEP}{_VALUE}",
+        (*_KEYWORDS, "cookie", "sig"),
+        ci=True,
+        find=_assigned,
+        anchored=True,
+    ),
+    _p(
+        "assigned_secret",
+        rf"(?P<kw>{_WORDS})[\w\-]{{0,40}}+{_NAME_END}(?P<gap>[ \t]+)(?P<q>[\"']?)"
+        r"(?P<value>[^\s\"'|;&<>()]+)(?P=q)",
+        _KEYWORDS,
+        ci=True,
+        find=_flag,
+        anchored=True,
+    ),
+    _p(
+        "assigned_secret",
+        rf"<(?P<name>[\w:.\-]{{0,40}}?(?:{_WORDS})[\w:.\-]{{0,40}})(?:\s[^<>]{{0,200}})?>"
+        r"(?P<value>[^<>]{1,512})</(?P=name)>",
+        _KEYWORDS,
+        ci=True,
+        find=_element,
+    ),
+    _p(
+        "netrc_password",
+        r"\blogin\s+\S+\s+password\s+(?P<value>\S+)",
+        ("login",),
+        ci=True,
+        find=_group_if("value", _not_placeholder),
+    ),
+    _p(
+        "cli_password",
+        r"(?:\b(?:(?:docker|podman|helm|oras|skopeo|buildah)\s+(?:registry\s+)?login|sshpass)\b"
+        r"[^\n|;&]{0,200}?\s-p[ \t]*|\bmysql(?:dump|admin)?\b[^\n|;&]{0,200}?\s-p)"
+        r"(?P<q>['\"]?)(?P<value>[^\s'\"-][^\s'\"]*)(?P=q)",
+        ("login", "sshpass", "mysql"),
+        ci=True,
+        find=_group_if("value", _not_placeholder),
+    ),
+    _p(
+        "high_entropy_secret",
+        r"(?:pass|pw|secret|token|key|credential|auth)[^\n]{0,32}?(?<![a-z0-9+/_\-])"
+        r"(?P<value>[a-z0-9+/_\-]{20,}={0,2})(?![a-z0-9+/=_\-])",
+        _KEYWORDS,
+        ci=True,
+        find=_group_if("value", _random_token),
+        anchored=True,
+    ),
 )
 
 
 _WORDS_LOWER = tuple(dict.fromkeys(w for pat in PATTERNS for w in pat.words))
 # Each word under every shorter word it contains (`sk-ant-` under `sk`): a text is searched for the longer
 # words only if it holds the shorter one.
-_WORD_TREE = {w: tuple(v for v in _WORDS_LOWER if w in v) for w in _WORDS_LOWER
-              if not any(v != w and v in w for v in _WORDS_LOWER)}
+_WORD_TREE = {
+    w: tuple(v for v in _WORDS_LOWER if w in v)
+    for w in _WORDS_LOWER
+    if not any(v != w and v in w for v in _WORDS_LOWER)
+}
 _MAX_JSON_DEPTH = 8
 
 
@@ -422,8 +605,9 @@ class RedactionStats:
 class Redactor:
     """Masks secrets in strings and nested JSON-like values. Thread-safe; keeps counters."""
 
-    def __init__(self, mask: Callable[[str], str] | None = None, *, max_chars: int | None = 65536,
-                 mask_keys: bool = True) -> None:
+    def __init__(
+        self, mask: Callable[[str], str] | None = None, *, max_chars: int | None = 65536, mask_keys: bool = True
+    ) -> None:
         self.mask = mask
         self.max_chars = max_chars
         self.mask_keys = mask_keys
@@ -503,7 +687,7 @@ class Redactor:
             span = pat.find(m, text) if pat.find is not None else m.span(pat.group)
             if span is None or span[0] < last or span[0] == span[1]:
                 continue
-            parts += (text[last:span[0]], token)
+            parts += (text[last : span[0]], token)
             last = span[1]
             self._count(pat.kind)
         if not parts:
@@ -523,8 +707,11 @@ class Redactor:
                     self.stats.mask_failures += 1
                     first = self.stats.mask_failures == 1
                 if first:  # once with the traceback; the count is in stats.mask_failures
-                    log.warning("flowrl: the mask callback raised; values it fails on are masked whole "
-                                "(further failures are only counted)", exc_info=True)
+                    log.warning(
+                        "flowrl: the mask callback raised; values it fails on are masked whole "
+                        "(further failures are only counted)",
+                        exc_info=True,
+                    )
                 return MASK_FAILED
         return self._truncate(text)
 

@@ -60,8 +60,14 @@ def flowrl_command() -> list[str]:
 class RLTools:
     """The state behind the agent tools: runs folder, running subprocesses, the agent's original model."""
 
-    def __init__(self, agent: Any = None, runs_dir: str | os.PathLike[str] | None = None, *,
-                 command: Callable[[], list[str]] = flowrl_command, export_quant: str = "q8_0") -> None:
+    def __init__(
+        self,
+        agent: Any = None,
+        runs_dir: str | os.PathLike[str] | None = None,
+        *,
+        command: Callable[[], list[str]] = flowrl_command,
+        export_quant: str = "q8_0",
+    ) -> None:
         self.agent = agent
         self.runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
         self.command = command
@@ -108,8 +114,9 @@ class RLTools:
         return name or self._last or next(iter(self._procs), None)
 
     # ------------------------------------------------------------------ tools
-    async def start_rl_training(self, model_name: str, method: str = "sft", dataset: str = "",
-                                base_model: str = "", extra_args: str = "") -> str:
+    async def start_rl_training(
+        self, model_name: str, method: str = "sft", dataset: str = "", base_model: str = "", extra_args: str = ""
+    ) -> str:
         """Start `flowrl train` in the background; returns at once. Use check_training_status to follow it."""
         if not model_name or "/" in model_name or model_name.startswith("."):
             return "✗ model_name must be a plain name like my-agent-v1"
@@ -126,13 +133,30 @@ class RLTools:
         args += shlex.split(extra_args)
         log_path = run_dir / "train.log"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=str(run_dir), start_new_session=True)
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(run_dir),
+                start_new_session=True,
+            )
         self._procs[model_name] = proc
         self._last = model_name
-        self._write(model_name, {"model_name": model_name, "method": method, "base_model": base_model or None,
-                                 "state": "running", "pid": proc.pid, "command": args, "log": str(log_path),
-                                 "started": time.time(), "output_dir": str(run_dir / "train")})
+        self._write(
+            model_name,
+            {
+                "model_name": model_name,
+                "method": method,
+                "base_model": base_model or None,
+                "state": "running",
+                "pid": proc.pid,
+                "command": args,
+                "log": str(log_path),
+                "started": time.time(),
+                "output_dir": str(run_dir / "train"),
+            },
+        )
         return f"✓ Training started: {model_name} ({method}), pid {proc.pid}. Log: {log_path}"
 
     async def check_training_status(self, model_name: str = "") -> str:
@@ -183,8 +207,10 @@ class RLTools:
             record = self._read(name) or {}
             state = self._state(name, record)
             ollama = record.get("ollama_model")
-            lines.append(f"{'✓' if ollama else '○'} {name}: {state}, {record.get('method')}"
-                         + (f", ollama/{ollama}" if ollama else ""))
+            lines.append(
+                f"{'✓' if ollama else '○'} {name}: {state}, {record.get('method')}"
+                + (f", ollama/{ollama}" if ollama else "")
+            )
         return "\n".join(lines) if lines else "No trained models found. Use start_rl_training to train one."
 
     async def switch_rl_model(self, model_name: str) -> str:
@@ -221,25 +247,40 @@ class RLTools:
         from flowrl.export.pipeline import ExportPipeline
 
         ollama = f"flowrl-{name}"
-        result = ExportPipeline(record.get("output_dir") or self.runs_dir / name / "train",
-                                self.runs_dir / name / "export", quant=self.export_quant, ollama_name=ollama,
-                                name=name).run()
+        result = ExportPipeline(
+            record.get("output_dir") or self.runs_dir / name / "train",
+            self.runs_dir / name / "export",
+            quant=self.export_quant,
+            ollama_name=ollama,
+            name=name,
+        ).run()
         if not result.ollama_created:
-            return None, (f"Exported to {result.gguf_path}, but Ollama is not installed here, so the agent keeps its "
-                          f"model. Run: {result.ollama_command}")
+            return None, (
+                f"Exported to {result.gguf_path}, but Ollama is not installed here, so the agent keeps its "
+                f"model. Run: {result.ollama_command}"
+            )
         record.update(ollama_model=ollama, gguf=str(result.gguf_path))
         self._write(name, record)
         return ollama, ""
 
     def tools(self) -> list[tuple[Callable[..., Any], str, str]]:
         return [
-            (self.start_rl_training, "start_rl_training",
-             "Start training a better model from the collected traces (flowrl train, in the background). Returns at once."),
-            (self.check_training_status, "check_training_status",
-             "Check the state and recent log lines of a training run."),
+            (
+                self.start_rl_training,
+                "start_rl_training",
+                "Start training a better model from the collected traces (flowrl train, in the background). Returns at once.",
+            ),
+            (
+                self.check_training_status,
+                "check_training_status",
+                "Check the state and recent log lines of a training run.",
+            ),
             (self.stop_rl_training, "stop_rl_training", "Stop a running training run."),
-            (self.switch_rl_model, "switch_rl_model",
-             "Use a trained model for this agent (exported to Ollama if needed); 'original' switches back."),
+            (
+                self.switch_rl_model,
+                "switch_rl_model",
+                "Use a trained model for this agent (exported to Ollama if needed); 'original' switches back.",
+            ),
             (self.list_rl_models, "list_rl_models", "List trained models, their state and Ollama names."),
         ]
 

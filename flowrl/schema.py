@@ -190,7 +190,8 @@ def _v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(calls, list):  # copies: `upgrade` leaves its input untouched
         data["tool_calls"] = [
             {**call, "success": False}
-            if isinstance(call, dict) and call.get("success") and result_is_failure(call.get("result", "")) else call
+            if isinstance(call, dict) and call.get("success") and result_is_failure(call.get("result", ""))
+            else call
             for call in calls
         ]  # the rl module trusted FlowAgent's "success" (docs/reference/flowagent-0.1.28.md, tool results)
     data["schema_version"] = 1
@@ -256,4 +257,3 @@ def load_trace(data: dict[str, Any], *, origin: str = "<dict>") -> ExecutionTrac
     if trace.facts is None and data.get("schema_version", 0) < FACTS_VERSION:
         trace.facts = trace_facts(trace)
     return trace
-

@@ -268,7 +268,9 @@ class TraceStore:
         try:
             atomic_write_bytes(path, dumps(trace), self.staging, within=self.root)
         except OSError as exc:
-            raise StoreError(f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space") from exc
+            raise StoreError(
+                f"cannot write {path}: {exc.strerror or exc}: check the store's permissions and free space"
+            ) from exc
         self._index.added(trace.trace_id, path)
         return path
 
@@ -287,7 +289,9 @@ class TraceStore:
         try:
             put_files(self.root, items, bulk=True)
         except OSError as exc:
-            raise StoreError(f"cannot write to {self.root}: {exc.strerror or exc}: check the store's permissions and free space") from exc
+            raise StoreError(
+                f"cannot write to {self.root}: {exc.strerror or exc}: check the store's permissions and free space"
+            ) from exc
         for trace, path in zip(traces, paths, strict=True):
             self._index.added(trace.trace_id, path)
         return paths
@@ -357,7 +361,9 @@ class TraceStore:
             self.root.mkdir(parents=True, exist_ok=True)
             fd = open_lock(self.root / LOCK_NAME)
         except OSError as exc:
-            raise StoreError(f"cannot lock {self.root / LOCK_NAME}: {exc.strerror or exc}: check the store's permissions") from exc
+            raise StoreError(
+                f"cannot lock {self.root / LOCK_NAME}: {exc.strerror or exc}: check the store's permissions"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -427,8 +433,10 @@ class TraceStore:
         try:
             append_outcomes(self.root, trace_id, outcomes)
         except OSError as exc:
-            raise StoreError(f"cannot record an outcome under {self.root / OUTCOMES}: {exc.strerror or exc}: "
-                             "check the store's permissions and free space") from exc
+            raise StoreError(
+                f"cannot record an outcome under {self.root / OUTCOMES}: {exc.strerror or exc}: "
+                "check the store's permissions and free space"
+            ) from exc
 
     def outcomes(self, trace_id: str) -> list[HostOutcome]:
         """The run's outcomes in the order they were recorded."""
@@ -506,8 +514,10 @@ def _id_from_name(path: Path) -> str:
     """The id of a stored file without a `trace_id`: its file name, which is what `find` knows it by, so a
     rewrite (`flowrl score`, `label`) lands on this same file instead of adding a copy at each read."""
     if not TRACE_ID.match(path.stem):
-        raise SchemaError(f"{path}: no trace_id, and the file name is not a usable one (letters, digits, '_', "
-                          "'-', '.'): add a \"trace_id\" field or rename the file")
+        raise SchemaError(
+            f"{path}: no trace_id, and the file name is not a usable one (letters, digits, '_', "
+            "'-', '.'): add a \"trace_id\" field or rename the file"
+        )
     return path.stem
 
 

@@ -52,7 +52,7 @@ def append_outcomes(root: Path, trace_id: str, outcomes: Iterable[HostOutcome]) 
     try:
         view = memoryview(lines)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

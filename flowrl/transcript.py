@@ -105,7 +105,11 @@ def tool_call_parts(call: Any) -> tuple[str, Any, str | None]:
     fn = field_of(call, "function")
     source = fn if fn is not None and not isinstance(fn, str) else call
     call_id = field_of(call, "id")
-    return str(field_of(source, "name", "") or ""), field_of(source, "arguments"), (None if call_id is None else str(call_id))
+    return (
+        str(field_of(source, "name", "") or ""),
+        field_of(source, "arguments"),
+        (None if call_id is None else str(call_id)),
+    )
 
 
 def synthetic_call_id(n: int) -> str:
@@ -222,8 +226,15 @@ def synthesize_messages(query: Any, calls: Iterable[Any], final: Any) -> list[di
     for n, call in enumerate(calls, 1):
         name = str(field_of(call, "tool_name") or "")
         call_id = field_of(call, "call_id") or synthetic_call_id(n)
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            openai_tool_call({"id": call_id, "name": name, "arguments": field_of(call, "arguments")})]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    openai_tool_call({"id": call_id, "name": name, "arguments": field_of(call, "arguments")})
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": _tool_content(call)})
     final_text = content_text(final)
     if final_text or n == 0:
@@ -262,8 +273,9 @@ def complete_messages(data: dict[str, Any]) -> dict[str, Any]:
         calls = data["tool_calls"] = fill_call_ids([dict(c) if isinstance(c, dict) else c for c in calls])
     else:
         calls = []  # not a list: left for the schema to reject
-    data["messages"] = synthesize_messages(data.get("user_query"), [c for c in calls if isinstance(c, dict)],
-                                           data.get("final_response"))
+    data["messages"] = synthesize_messages(
+        data.get("user_query"), [c for c in calls if isinstance(c, dict)], data.get("final_response")
+    )
     metadata = data.get("metadata")
     if metadata is None or isinstance(metadata, dict):
         data["metadata"] = {"transcript": SYNTHESIZED, **(metadata or {})}
@@ -279,8 +291,7 @@ def final_answer_args(messages: Iterable[Any]) -> dict[str, Any] | None:
     return None
 
 
-def final_answer(messages: list[Any], final_response: str = "", *,
-                 call_args: dict[str, Any] | None = None) -> str:
+def final_answer(messages: list[Any], final_response: str = "", *, call_args: dict[str, Any] | None = None) -> str:
     """The run's answer: the `final_answer` call's `answer` (`call_args`, else found in `messages`), else
     `final_response`, else the last assistant text."""
     args = call_args if call_args is not None else final_answer_args(messages)
@@ -343,10 +354,13 @@ def synthesize_tools(messages: Iterable[Any]) -> list[dict[str, Any]] | None:
     tools: dict[str, dict[str, Any]] = {}
     for call in transcript_calls(messages):
         args = parse_arguments(call.arguments)
-        schema = tools.setdefault(call.name, {
-            "type": "function",
-            "function": {"name": call.name, "description": "", "parameters": {"type": "object", "properties": {}}},
-        })
+        schema = tools.setdefault(
+            call.name,
+            {
+                "type": "function",
+                "function": {"name": call.name, "description": "", "parameters": {"type": "object", "properties": {}}},
+            },
+        )
         if isinstance(args, dict):
             props = schema["function"]["parameters"]["properties"]
             for key, value in args.items():
@@ -355,9 +369,27 @@ def synthesize_tools(messages: Iterable[Any]) -> list[dict[str, Any]] | None:
 
 
 __all__ = [
-    "FINAL_ANSWER", "SYNTHESIZED", "ArgumentsAs", "TranscriptCall", "arguments_json", "canonical_message",
-    "canonical_messages", "complete_messages", "content_text", "dedup_tool_results", "fill_call_ids",
-    "final_answer", "final_answer_args", "is_synthesized", "normalize_message", "normalize_tool_call",
-    "openai_tool_call", "parse_arguments", "synthesize_messages", "synthesize_tools", "synthetic_call_id",
-    "tool_call_parts", "transcript_calls",
+    "FINAL_ANSWER",
+    "SYNTHESIZED",
+    "ArgumentsAs",
+    "TranscriptCall",
+    "arguments_json",
+    "canonical_message",
+    "canonical_messages",
+    "complete_messages",
+    "content_text",
+    "dedup_tool_results",
+    "fill_call_ids",
+    "final_answer",
+    "final_answer_args",
+    "is_synthesized",
+    "normalize_message",
+    "normalize_tool_call",
+    "openai_tool_call",
+    "parse_arguments",
+    "synthesize_messages",
+    "synthesize_tools",
+    "synthetic_call_id",
+    "tool_call_parts",
+    "transcript_calls",
 ]

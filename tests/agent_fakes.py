@@ -28,11 +28,21 @@ class ScriptedAgent:
         messages = [{"role": "user", "content": query}]
         first = await asyncio.to_thread(self.llm, messages)
         result = self.lookup(query.rstrip("?").rsplit(" ", 2)[-1])
-        messages += [{"role": "assistant", "content": first.text}, {"role": "tool", "name": "lookup", "content": result}]
+        messages += [
+            {"role": "assistant", "content": first.text},
+            {"role": "tool", "name": "lookup", "content": result},
+        ]
         second = await asyncio.to_thread(self.llm, messages)
         return second.text
 
 
 def scripted_adapter(**overrides: Any) -> AgentAdapter:
-    return AgentAdapter(**{"make_agent": ScriptedAgent, "tasks": TASKS, "hook_options": dict(HOOK_OPTIONS),
-                           "name": "scripted", **overrides})
+    return AgentAdapter(
+        **{
+            "make_agent": ScriptedAgent,
+            "tasks": TASKS,
+            "hook_options": dict(HOOK_OPTIONS),
+            "name": "scripted",
+            **overrides,
+        }
+    )

@@ -38,29 +38,58 @@ def tiny_tokenizer(template: str = CHATML_TEMPLATE, vocab_size: int = 300) -> An
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   unk_token="<|endoftext|>", pad_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
     fast.chat_template = template
     return fast
 
 
-def save_tiny_model(path: Path, *, arch: str = "llama", intermediate_size: int = 128, vocab_size: int = 320,
-                    attention_bias: bool = False, tie: bool = True, seed: int = 0) -> Path:
+def save_tiny_model(
+    path: Path,
+    *,
+    arch: str = "llama",
+    intermediate_size: int = 128,
+    vocab_size: int = 320,
+    attention_bias: bool = False,
+    tie: bool = True,
+    seed: int = 0,
+) -> Path:
     """A random model + tokenizer saved as a Hugging Face folder at `path`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     tokenizer = tiny_tokenizer()
-    kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=intermediate_size, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=tie, initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(attention_bias=attention_bias, **kwargs))
     elif arch == "qwen2":
@@ -84,8 +113,13 @@ def save_tiny_adapter(base_dir: Path, out_dir: Path, *, seed: int = 1) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"],
-                        init_lora_weights=False, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     peft_model.save_pretrained(str(out_dir))
     AutoTokenizer.from_pretrained(str(base_dir)).save_pretrained(str(out_dir))

@@ -39,7 +39,7 @@ TINY_CHAT_TEMPLATE = (
     "{{- message.content or '' }}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- set fn = call.function if call.function is defined else call %}"
-    "{{- '<tool_call>{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>{"name": "\' + fn.name + \'", "arguments": \' }}'
     "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
     "{{- '}</tool_call>' }}"
     "{%- endfor %}"
@@ -72,11 +72,21 @@ def tiny_tokenizer(extra_texts: list[str] | None = None, vocab_size: int = 400) 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS + list(extra_texts or []), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>",
-                                   bos_token=None, unk_token=None, model_max_length=4096)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token=None,
+        model_max_length=4096,
+    )
     fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|endoftext|>"]})
     fast.chat_template = TINY_CHAT_TEMPLATE
     return fast
@@ -89,14 +99,22 @@ def tiny_model(tokenizer: Any, *, hidden_size: int = 32, layers: int = 2, heads:
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
     )
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
-                                               eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    model.generation_config = GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None
+    )
     return model
 
 
@@ -127,8 +145,9 @@ def save_lively_tiny_model(path: str | Path, prompt: list[dict[str, Any]]) -> Pa
             if param.dim() == 2:
                 param.copy_(torch.randn(param.shape, generator=draw) * 0.2)
         embeddings = model.get_input_embeddings().weight
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+            "input_ids"
+        ]
         favourite = int(model(ids).logits[0].mean(0).argmax())
         embeddings[tokenizer.eos_token_id] = embeddings[favourite] + torch.randn(32, generator=draw) * 0.05
     path = Path(path)

@@ -47,11 +47,13 @@ def tiny_rows(method: str, n: int = 8) -> list[dict[str, Any]]:
         elif method == "grpo":
             rows.append({"prompt": _user(p), "reference": g})
         elif method == "grpo-offline":
-            rows.append({
-                "prompt": _user(p),
-                "completions": [_assistant(g), _assistant(b), _assistant(g + " Done."), _assistant(b + "?")],
-                "rewards": [1.0, 0.0, 0.8, 0.1],
-            })
+            rows.append(
+                {
+                    "prompt": _user(p),
+                    "completions": [_assistant(g), _assistant(b), _assistant(g + " Done."), _assistant(b + "?")],
+                    "rewards": [1.0, 0.0, 0.8, 0.1],
+                }
+            )
         else:
             raise ValueError(method)
     return rows
@@ -62,7 +64,9 @@ def write_tiny_dataset(out_dir: Path, method: str, n: int = 8) -> Path:
     from datasets import Dataset, DatasetDict
 
     rows = tiny_rows(method, n)
-    DatasetDict({"train": Dataset.from_list(rows), "validation": Dataset.from_list(rows[:2])}).save_to_disk(str(out_dir))
+    DatasetDict({"train": Dataset.from_list(rows), "validation": Dataset.from_list(rows[:2])}).save_to_disk(
+        str(out_dir)
+    )
     meta: dict[str, Any] = {"method": method, "rows": {"train": n, "validation": 2}}
     if method == "kto":
         meta.update(desirable_weight=1.0, undesirable_weight=1.0)

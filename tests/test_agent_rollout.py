@@ -28,22 +28,44 @@ def _trainer(tmp_path: Path, parts: Any, extra_rewards: list[Any] = ()) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = tiny_model_and_tokenizer(extra_texts=[t["query"] for t in TASKS])
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=1, report_to="none", use_cpu=True, logging_steps=1,
-                      save_strategy="no", per_device_train_batch_size=4, num_generations=2, generation_batch_size=4,
-                      max_completion_length=parts.info["episode_tokens"], mask_truncated_completions=True, beta=0.0,
-                      temperature=1.0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        generation_batch_size=4,
+        max_completion_length=parts.info["episode_tokens"],
+        mask_truncated_completions=True,
+        beta=0.0,
+        temperature=1.0,
+    )
     trainer = agent_grpo_trainer(GRPOTrainer)(
-        model=model, reward_funcs=[*parts.funcs, *extra_rewards], args=args, processing_class=tokenizer,
-        train_dataset=parts.rollout.train_dataset(), rollout_func=parts.rollout.rollout_func)
+        model=model,
+        reward_funcs=[*parts.funcs, *extra_rewards],
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=parts.rollout.train_dataset(),
+        rollout_func=parts.rollout.rollout_func,
+    )
     trainer.generation_config.sequence_bias = {(tokenizer.eos_token_id,): 6.0}  # replies end before the turn limit
     return trainer
 
 
 def test_one_grpo_step_runs_the_agent_executes_its_tool_and_masks_the_tool_output(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    config = TrainingConfig(method="grpo", agent="scripted", turn_tokens=12, max_completion_length=160,
-                            rewards=["tool_success", "reference_answer"])
+    config = TrainingConfig(
+        method="grpo",
+        agent="scripted",
+        turn_tokens=12,
+        max_completion_length=160,
+        rewards=["tool_success", "reference_answer"],
+    )
     adapter = scripted_adapter()
     parts = agent_grpo(config, adapter, list(adapter.tasks), tmp_path / "store")
     returned: list[dict[str, Any]] = []
@@ -72,7 +94,7 @@ def test_one_grpo_step_runs_the_agent_executes_its_tool_and_masks_the_tool_outpu
         trace = out["flowrl_trace"][i]
         first, second = (c.token_ids for c in trace.llm_calls)
         assert sum(mask) == len(first) + len(second)  # loss on sampled tokens only
-        assert completion[: len(first)] == first and completion[-len(second):] == second
+        assert completion[: len(first)] == first and completion[-len(second) :] == second
         masked = tokenizer.decode([t for t, m in zip(completion, mask) if m == 0])
         assert trace.tool_calls[0].result.split()[-1] in masked  # the tool's output is in the sequence, masked
         assert out["prompt_ids"][i] == trace.llm_calls[0].prompt_token_ids
@@ -135,14 +157,34 @@ def test_an_episode_with_a_cut_reply_or_a_split_sequence_gets_no_loss(tmp_path: 
         b.calls = calls
         return b
 
-    whole = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
-                                       CallTokens([11, 12, 13, eos, 19, 19], [14, eos], [-1.0, -1.0], None)]), task, "a", trace, None)
+    whole = rollout._assemble(
+        backend(
+            [
+                CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
+                CallTokens([11, 12, 13, eos, 19, 19], [14, eos], [-1.0, -1.0], None),
+            ]
+        ),
+        task,
+        "a",
+        trace,
+        None,
+    )
     assert whole.masked is None and whole.completion_ids == [13, eos, 19, 19, 14, eos]
     assert whole.env_mask == [1, 1, 0, 0, 1, 1] and whole.tool_tokens == 2
     cut = rollout._assemble(backend([CallTokens([11, 12], [13, 13], [-1.0, -1.0], None)]), task, "a", trace, None)
     assert cut.masked == "cut" and cut.env_mask == [0, 0]
-    split = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
-                                       CallTokens([17, 17, 17], [14, eos], [-1.0, -1.0], None)]), task, "a", trace, None)
+    split = rollout._assemble(
+        backend(
+            [
+                CallTokens([11, 12], [13, eos], [-1.0, -1.0], None),
+                CallTokens([17, 17, 17], [14, eos], [-1.0, -1.0], None),
+            ]
+        ),
+        task,
+        "a",
+        trace,
+        None,
+    )
     assert split.masked == "split" and set(split.env_mask) == {0}
     lost = rollout._assemble(backend([CallTokens([11, 12], [13, eos], [-1.0, -1.0], None)]), task, "a", None, None)
     assert lost.masked == "no_trace"
@@ -156,17 +198,25 @@ def test_zero_variance_groups_are_dropped_from_the_loss_and_the_normaliser() -> 
 
     cls = agent_grpo_trainer(object)
     fake = SimpleNamespace(num_generations=2, accelerator=SimpleNamespace(gather=lambda t: t.reshape(1)))
-    out = {"advantages": torch.tensor([0.7, -0.7, 0.0, 0.0]), "completion_mask": torch.ones(4, 3, dtype=torch.int),
-           "tool_mask": torch.tensor([[1, 0, 1]] * 4), "num_items_in_batch": torch.tensor(8)}
+    out = {
+        "advantages": torch.tensor([0.7, -0.7, 0.0, 0.0]),
+        "completion_mask": torch.ones(4, 3, dtype=torch.int),
+        "tool_mask": torch.tensor([[1, 0, 1]] * 4),
+        "num_items_in_batch": torch.tensor(8),
+    }
     assert cls._drop_zero_std(fake, out) == 1
     assert out["completion_mask"][:2].sum() == 6 and out["completion_mask"][2:].sum() == 0
     assert int(out["num_items_in_batch"]) == 4  # the kept group's loss tokens only
 
 
 def test_tasks_come_from_host_objects_or_dataset_rows_and_repeated_queries_are_said(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    row = {"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+2?"}],
-           "expected_answer": "4", "task_id": "r1"}
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    row = {
+        "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 2+2?"}],
+        "expected_answer": "4",
+        "task_id": "r1",
+    }
     task = rollout_task(row)
     assert (task.task_id, task.query, task.reference, task.host) == ("r1", "What is 2+2?", "4", row)
     assert rollout_task(SimpleNamespace(task_id="h", query="q", answer=7)).reference == "7"
@@ -174,8 +224,14 @@ def test_tasks_come_from_host_objects_or_dataset_rows_and_repeated_queries_are_s
     assert rollout_task(guessed).reference is None  # taken from another run's answer: no reference
     with pytest.raises(FlowRLError, match="no query"):
         rollout_task({"prompt": []}, 3)
-    rollout = AgentRollout(scripted_adapter(), [*TASKS, dict(TASKS[0], task_id="again")], store=tmp_path,
-                           turn_tokens=8, episode_tokens=64, max_turns=None)
+    rollout = AgentRollout(
+        scripted_adapter(),
+        [*TASKS, dict(TASKS[0], task_id="again")],
+        store=tmp_path,
+        turn_tokens=8,
+        episode_tokens=64,
+        max_turns=None,
+    )
     assert len(rollout.tasks) == 4 and rollout.duplicates == 1 and "repeat another's query" in caplog.text
 
 
@@ -184,7 +240,9 @@ def test_config_and_adapter_errors_are_one_line() -> None:
         TrainingConfig.from_dict({"method": "kto", "agent": "example", "dataset": "x"})
     with pytest.raises(ConfigError, match="give a dataset"):
         TrainingConfig.from_dict({"method": "grpo"})
-    assert TrainingConfig.from_dict({"method": "grpo", "agent": "example"}).resolved_store == Path("out/train-grpo/rollouts")
+    assert TrainingConfig.from_dict({"method": "grpo", "agent": "example"}).resolved_store == Path(
+        "out/train-grpo/rollouts"
+    )
     with pytest.raises(ConfigError, match="module:function"):
         resolve_adapter("no_colon")
     with pytest.raises(ConfigError, match="cannot import"):
@@ -205,16 +263,45 @@ def test_a_host_grade_function_is_a_reward(tmp_path: Path) -> None:
     assert values == [1.0, 0.0]
 
 
-def test_flowrl_train_with_agent_writes_rollouts_and_a_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flowrl_train_with_agent_writes_rollouts_and_a_run_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flowrl.cli import main
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     model = save_tiny_model(tmp_path / "tiny", extra_texts=[t["query"] for t in TASKS])
     out, store = tmp_path / "out", tmp_path / "rollouts"
-    assert main(["train", "--method", "grpo", "--agent", "agent_fakes:scripted_adapter", "--base-model", str(model),
-                 "--output-dir", str(out), "--store", str(store), "--max-steps", "1", "--num-generations", "2",
-                 "--batch-size", "2", "--turn-tokens", "6", "--max-completion-length", "200", "--no-progress",
-                 "--rewards", "tool_success"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--method",
+                "grpo",
+                "--agent",
+                "agent_fakes:scripted_adapter",
+                "--base-model",
+                str(model),
+                "--output-dir",
+                str(out),
+                "--store",
+                str(store),
+                "--max-steps",
+                "1",
+                "--num-generations",
+                "2",
+                "--batch-size",
+                "2",
+                "--turn-tokens",
+                "6",
+                "--max-completion-length",
+                "200",
+                "--no-progress",
+                "--rewards",
+                "tool_success",
+            ]
+        )
+        == 0
+    )
     traces = list(TraceStore(store).iter_traces())
     assert len(traces) == 2 and all(t.source == "train" and t.tool_calls[0].result for t in traces)
     record = json.loads((out / "flowrl_train.json").read_text())
@@ -263,31 +350,66 @@ def test_capture_source_and_on_trace_options_never_hurt_the_agent(tmp_path: Path
 
 
 def test_single_turn_grpo_on_prompts_with_tools_says_the_tools_are_not_executed(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from datasets import Dataset
 
     from flowrl.train.data_io import LoadedData
     from flowrl.train.trainers import warn_unexecuted_tools
 
-    rows = [{"prompt": [{"role": "user", "content": "q"}], "tools": [{"name": "exec_code"}] if i else []} for i in range(3)]
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}], "tools": [{"name": "exec_code"}] if i else []} for i in range(3)
+    ]
     assert warn_unexecuted_tools(LoadedData(Dataset.from_list(rows), None, source="ds")) == 2
     assert "2 of 3 prompts in ds offer tools" in caplog.text and "--agent" in caplog.text
     assert warn_unexecuted_tools(LoadedData(Dataset.from_list([{"prompt": "q"}]), None)) == 0
 
 
-def test_a_dataset_gives_the_agent_its_tasks_with_their_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dataset_gives_the_agent_its_tasks_with_their_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from flowrl.cli import main
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    rows = [{"prompt": [{"role": "user", "content": f"What is the capital of country {i}?"}], "reference_answer": f"City{i}"}
-            for i in (7, 8)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"What is the capital of country {i}?"}],
+            "reference_answer": f"City{i}",
+        }
+        for i in (7, 8)
+    ]
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = save_tiny_model(tmp_path / "tiny", extra_texts=[r["prompt"][0]["content"] for r in rows])
-    assert main(["train", "--method", "grpo", "--agent", "agent_fakes:scripted_adapter", "--dataset", str(data),
-                 "--base-model", str(model), "--output-dir", str(tmp_path / "out"), "--max-steps", "1",
-                 "--num-generations", "2", "--batch-size", "2", "--turn-tokens", "4", "--no-progress",
-                 "--rewards", "reference_answer"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--method",
+                "grpo",
+                "--agent",
+                "agent_fakes:scripted_adapter",
+                "--dataset",
+                str(data),
+                "--base-model",
+                str(model),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--max-steps",
+                "1",
+                "--num-generations",
+                "2",
+                "--batch-size",
+                "2",
+                "--turn-tokens",
+                "4",
+                "--no-progress",
+                "--rewards",
+                "reference_answer",
+            ]
+        )
+        == 0
+    )
     traces = list(TraceStore(tmp_path / "out" / "rollouts").iter_traces())
     assert len(traces) == 2 and len({t.user_query for t in traces}) == 1
     trace = traces[0]

@@ -10,16 +10,16 @@ from pathlib import Path
 
 from flowrl.autohook import SITE_DIR
 
-AGENT_MODULE = '''
+AGENT_MODULE = """
 class MyAgent:
     async def a_run(self, query, session_id="default"):
         return await self.call_tool("echo", text=query)
 
     async def call_tool(self, name, **kw):
         return kw["text"].upper()
-'''
+"""
 
-APP = '''
+APP = """
 import asyncio, json, sys
 import myagents
 agent = myagents.MyAgent()
@@ -28,7 +28,7 @@ import flowrl.autohook as ah
 for h in ah.hooks:
     h.flush(timeout=10)
 print(json.dumps({"hooks": len(ah.hooks)}))
-'''
+"""
 
 
 def _run(tmp_path: Path, enabled: bool) -> tuple[list[dict], Path]:
@@ -36,11 +36,17 @@ def _run(tmp_path: Path, enabled: bool) -> tuple[list[dict], Path]:
     (tmp_path / "app.py").write_text(APP)
     store = tmp_path / "store"
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(SITE_DIR), str(tmp_path)]), FLOWRL_STORE=str(store),
-               FLOWRL_AUTOHOOK="1" if enabled else "0", FLOWRL_AUTOHOOK_TARGETS="myagents:MyAgent",
-               FLOWRL_AUTOHOOK_RUN_METHODS="a_run", FLOWRL_AUTOHOOK_TOOL_METHODS="call_tool")
-    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True, env=env,
-                         timeout=120, check=True).stdout
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(SITE_DIR), str(tmp_path)]),
+        FLOWRL_STORE=str(store),
+        FLOWRL_AUTOHOOK="1" if enabled else "0",
+        FLOWRL_AUTOHOOK_TARGETS="myagents:MyAgent",
+        FLOWRL_AUTOHOOK_RUN_METHODS="a_run",
+        FLOWRL_AUTOHOOK_TOOL_METHODS="call_tool",
+    )
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")], store
 
 

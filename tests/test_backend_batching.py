@@ -105,8 +105,9 @@ def test_concurrent_callers_get_their_own_replies(model_dir: Path) -> None:
     backend = _backend(model_dir, batch_size=4, max_wait_ms=50, temperature=0.7)
     replies = _complete_all(backend, PROMPTS * 2)
     for messages, reply in zip(PROMPTS * 2, replies):
-        rendered = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)["input_ids"]
+        rendered = backend.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         assert reply.prompt_token_ids == list(rendered)
         assert reply.prompt_tokens == len(rendered)
     assert len({tuple(r.token_ids) for r in replies}) > len(PROMPTS)  # sampled copies of a prompt differ
@@ -161,8 +162,9 @@ def test_tokens_in_reuse_gives_back_the_sampled_ids(model_dir: Path) -> None:
     backend = _backend(model_dir, temperature=1.0)
     first = backend.complete(PROMPTS[1])
     second = backend.complete(_next_turn(PROMPTS[1], first))
-    assert second.prompt_token_ids[:first.prompt_tokens + first.completion_tokens] == (
-        first.prompt_token_ids + first.token_ids)
+    assert second.prompt_token_ids[: first.prompt_tokens + first.completion_tokens] == (
+        first.prompt_token_ids + first.token_ids
+    )
 
 
 def test_tokens_in_reuse_keeps_concurrent_conversations_apart(model_dir: Path) -> None:
@@ -173,8 +175,9 @@ def test_tokens_in_reuse_keeps_concurrent_conversations_apart(model_dir: Path) -
     assert len({tuple(r.token_ids) for r in firsts}) == 4
     seconds = _complete_all(backend, [_next_turn(PROMPTS[3], r) for r in firsts])
     for first, second in zip(firsts, seconds):
-        assert second.prompt_token_ids[:first.prompt_tokens + first.completion_tokens] == (
-            first.prompt_token_ids + first.token_ids)
+        assert second.prompt_token_ids[: first.prompt_tokens + first.completion_tokens] == (
+            first.prompt_token_ids + first.token_ids
+        )
 
 
 def test_a_bad_caller_does_not_break_the_others(model_dir: Path) -> None:
@@ -207,7 +210,9 @@ def test_a_row_failing_mid_decode_fails_alone(model_dir: Path) -> None:
 
     assert 0 < sum(map(reaches_limit, alone)) < len(alone)
     backend = _backend(model_dir, batch_size=8, max_wait_ms=10_000)
-    spy = backend.model = _Spy(backend.model, fail=lambda _, positions, prefill: not prefill and int(positions.max()) >= limit)
+    spy = backend.model = _Spy(
+        backend.model, fail=lambda _, positions, prefill: not prefill and int(positions.max()) >= limit
+    )
     results = _together([lambda m=m: backend.complete(m) for m in PROMPTS])
     assert spy.prefills[0] == 8
     for got, want in zip(results, alone):
@@ -234,7 +239,9 @@ def test_a_call_joins_a_batch_that_is_already_decoding(model_dir: Path, order: s
     backend = _backend(model_dir, batch_size=4, max_wait_ms=0)
     spy = backend.model = _Spy(backend.model, step_s=0.1)
     results: dict[str, Completion] = {}
-    early = threading.Thread(target=lambda: results.__setitem__(first, backend.complete({"short": short, "long": long}[first])))
+    early = threading.Thread(
+        target=lambda: results.__setitem__(first, backend.complete({"short": short, "long": long}[first]))
+    )
     early.start()
     deadline = time.monotonic() + 30
     while len(spy.steps) < 2 and time.monotonic() < deadline:

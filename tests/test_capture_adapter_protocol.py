@@ -37,8 +37,15 @@ class CrewAdapter:
     def detects(self, agent: Any) -> bool:
         return isinstance(agent, Crew)
 
-    def plan(self, agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-             llm_methods: list[str] | None) -> list[PatchSpec]:
+    def plan(
+        self,
+        agent: Any,
+        hook: Any,
+        *,
+        run_methods: list[str] | None,
+        tool_methods: list[str] | None,
+        llm_methods: list[str] | None,
+    ) -> list[PatchSpec]:
         def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
             ev = ToolEvent("function", perf_counter(), name=args[0], kwargs=kwargs)
             return ev if frame[0].add(ev) else None
@@ -46,8 +53,10 @@ class CrewAdapter:
         def proceed(frame: Frame, ev: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             return timed(hook, None, ev, wrapped(*args, **kwargs))
 
-        return [PatchSpec(Crew, "kickoff", None, run_handler(hook, "kickoff", "crew")),
-                PatchSpec(Crew, "use", None, guarded_call(hook, "Crew.use", record, proceed))]
+        return [
+            PatchSpec(Crew, "kickoff", None, run_handler(hook, "kickoff", "crew")),
+            PatchSpec(Crew, "use", None, guarded_call(hook, "Crew.use", record, proceed)),
+        ]
 
 
 @pytest.fixture

@@ -118,8 +118,10 @@ def test_the_collector_outlives_all_but_the_last_hook(tmp_path) -> None:
 
 def test_each_hook_keeps_its_own_options_on_a_shared_collector(tmp_path) -> None:
     a, b = EchoAgent("a"), EchoAgent("b")
-    with hook(a, tmp_path, metadata={"team": "A"}, mask=lambda s: s.replace("secret", "[A]")) as ha, \
-            hook(b, tmp_path, metadata={"team": "B"}, redact=False) as hb:
+    with (
+        hook(a, tmp_path, metadata={"team": "A"}, mask=lambda s: s.replace("secret", "[A]")) as ha,
+        hook(b, tmp_path, metadata={"team": "B"}, redact=False) as hb,
+    ):
         assert ha.collector is hb.collector
         run(a, "a secret"), run(b, "b secret")
         assert ha.flush(10) and hb.flush(10)
@@ -239,7 +241,9 @@ def test_each_hook_has_its_own_share_of_the_queue(tmp_path, monkeypatch) -> None
         return real_write(self, trace)
 
     monkeypatch.setattr(flowrl.store.TraceStore, "write", stuck_write)
-    monkeypatch.setattr(flowrl.store.TraceStore, "write_many", lambda self, traces: [stuck_write(self, t) for t in traces])
+    monkeypatch.setattr(
+        flowrl.store.TraceStore, "write_many", lambda self, traces: [stuck_write(self, t) for t in traces]
+    )
     noisy, quiet = EchoAgent("noisy"), EchoAgent("quiet")
     hn, hq = hook(noisy, tmp_path, queue_size=1, io_threads=0), hook(quiet, tmp_path, queue_size=1, io_threads=0)
     try:

@@ -48,7 +48,9 @@ ERROR = Boom("the host's own error")
 
 
 def script(agent: FlowAgent, query: str, *calls: dict[str, Any], answer: str = "ok") -> None:
-    agent.router.script(query, [*(turn(c) for c in calls), turn(tc("fa", "final_answer", {"answer": answer, "success": True}))])
+    agent.router.script(
+        query, [*(turn(c) for c in calls), turn(tc("fa", "final_answer", {"answer": answer, "success": True}))]
+    )
 
 
 def test_host_exception_propagates_unchanged(tmp_path) -> None:
@@ -121,12 +123,18 @@ def test_concurrent_sessions_do_not_mix_tool_calls(tmp_path) -> None:
     agent = make_agent()
     sessions = [f"s{i}" for i in range(6)]
     for i, sid in enumerate(sessions):
-        script(agent, f"query {sid}", tc(f"{sid}-a", "slow_lookup", {"key": f"{sid}-x", "delay": 0.001 * (6 - i)}),
-               tc(f"{sid}-b", "slow_lookup", {"key": f"{sid}-y", "delay": 0.001 * i}), answer=f"done {sid}")
+        script(
+            agent,
+            f"query {sid}",
+            tc(f"{sid}-a", "slow_lookup", {"key": f"{sid}-x", "delay": 0.001 * (6 - i)}),
+            tc(f"{sid}-b", "slow_lookup", {"key": f"{sid}-y", "delay": 0.001 * i}),
+            answer=f"done {sid}",
+        )
 
     async def main():
-        return await asyncio.gather(*(agent.a_run(f"query {sid}", session_id=sid, persist_blocking=True)
-                                      for sid in sessions))
+        return await asyncio.gather(
+            *(agent.a_run(f"query {sid}", session_id=sid, persist_blocking=True) for sid in sessions)
+        )
 
     with hook_into_agent(agent, store=tmp_path) as hook:
         answers = asyncio.run(main())
@@ -225,14 +233,23 @@ def test_secrets_are_masked_before_persisting(tmp_path) -> None:
         "url_password": "hunter2secret",
         "email": "alice@example.com",
     }
-    query = (f"Use {secrets['openai']} and {secrets['anthropic']}; token {secrets['github']}; "
-             f"aws_secret_access_key={secrets['aws_secret']} id {secrets['aws_id']}; mail {secrets['email']}")
+    query = (
+        f"Use {secrets['openai']} and {secrets['anthropic']}; token {secrets['github']}; "
+        f"aws_secret_access_key={secrets['aws_secret']} id {secrets['aws_id']}; mail {secrets['email']}"
+    )
     agent = make_agent()
     hook = hook_into_agent(agent, store=tmp_path, mask=lambda s: s.replace(secrets["email"], "[EMAIL]"))
-    script(agent, query,
-           tc(1, "get_weather", {"city": f"https://bob:{secrets['url_password']}@db.example.com", "api_key": secrets["google"]}),
-           tc(2, "slow_lookup", {"key": f"Authorization: Bearer {secrets['bearer']} {secrets['slack']}", "delay": 0}),
-           answer=f"done with {secrets['openai']}")
+    script(
+        agent,
+        query,
+        tc(
+            1,
+            "get_weather",
+            {"city": f"https://bob:{secrets['url_password']}@db.example.com", "api_key": secrets["google"]},
+        ),
+        tc(2, "slow_lookup", {"key": f"Authorization: Bearer {secrets['bearer']} {secrets['slack']}", "delay": 0}),
+        answer=f"done with {secrets['openai']}",
+    )
     try:
         asyncio.run(agent.a_run(query, session_id="secret", persist_blocking=True))
         (trace,) = flushed(hook)
@@ -291,7 +308,7 @@ def test_run_inside_a_run_of_the_same_agent_is_one_trace(tmp_path) -> None:
 
     agent = Wrapped()
     with hook_into_agent(agent, store=tmp_path, run_methods=["run", "a_run"], tool_methods=["call_tool"]) as hook:
-        assert asyncio.run(agent.run("nested")) .startswith("answer to nested")
+        assert asyncio.run(agent.run("nested")).startswith("answer to nested")
         traces = flushed(hook)
     assert len(traces) == 1 and traces[0]["metadata"]["method"] == "run"
     assert [c["tool_name"] for c in traces[0]["tool_calls"]] == ["search"]
@@ -353,8 +370,9 @@ def test_flush_on_the_loop_with_a_commit_pending_does_not_hang(tmp_path) -> None
 
 def test_calls_past_the_event_limit_are_counted(tmp_path) -> None:
     agent = PlainAgent()
-    with hook_into_agent(agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool"],
-                         max_events_per_run=0) as hook:
+    with hook_into_agent(
+        agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool"], max_events_per_run=0
+    ) as hook:
         asyncio.run(agent.a_run("many"))
         (trace,) = flushed(hook)
     assert trace["tool_calls"] == [] and trace["metadata"]["events_over_limit"] == 1

@@ -24,9 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_once(agent, query: str = "Weather in Lyon?", session: str = "f") -> str:
-    agent.router.script(query.removesuffix(" #new-ctx"), [
-        turn(tc(1, "get_weather", {"city": "Lyon"})),
-        turn(tc(2, "final_answer", {"answer": "Lyon: 21C", "success": True}))])
+    agent.router.script(
+        query.removesuffix(" #new-ctx"),
+        [
+            turn(tc(1, "get_weather", {"city": "Lyon"})),
+            turn(tc(2, "final_answer", {"answer": "Lyon: 21C", "success": True})),
+        ],
+    )
     return asyncio.run(agent.a_run(query, session_id=session, persist_blocking=True))
 
 
@@ -242,15 +246,23 @@ SCRIPT = textwrap.dedent("""
 
 def _python(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     code = SCRIPT.format(root=str(ROOT), store=str(tmp_path / "store"), body=textwrap.dedent(body).strip())
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "FLOWRL_HOME": str(tmp_path / "home")})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FLOWRL_HOME": str(tmp_path / "home")},
+    )
 
 
 def test_process_exit_writes_what_is_queued(tmp_path) -> None:
-    proc = _python(tmp_path, """
+    proc = _python(
+        tmp_path,
+        """
         print(run("Before exit", "x"))
         # no flush, no unhook: the atexit handler writes it
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "Lyon: 21C"
     assert [t["user_query"] for t in stored(tmp_path / "store")] == ["Before exit"]
@@ -258,7 +270,9 @@ def test_process_exit_writes_what_is_queued(tmp_path) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_writes_its_own_traces(tmp_path) -> None:
-    proc = _python(tmp_path, """
+    proc = _python(
+        tmp_path,
+        """
         run("Parent before fork", "p")
         assert hook.flush(10)
         pid = os.fork()
@@ -269,7 +283,8 @@ def test_forked_child_writes_its_own_traces(tmp_path) -> None:
         run("Parent after fork #new-ctx", "p")
         assert hook.flush(10)
         print("child exit", os.waitstatus_to_exitcode(status))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "child exit 0" in proc.stdout
     queries = sorted(t["user_query"] for t in stored(tmp_path / "store"))

@@ -39,11 +39,14 @@ SQUARES = "What is the sum of squares from 1 to 10?"
 
 def script_squares(agent) -> None:
     agent.router.thinks = ["Assessment: simple arithmetic. Tip: one exec_code call."]
-    agent.router.script(SQUARES, [
-        turn(tc(1, "think", {"thought": "Compute it with exec_code."})),
-        turn(tc(2, "exec_code", {"code": "print(sum(i*i for i in range(1, 11)))"}), content="Let me compute that."),
-        turn(tc(3, "final_answer", {"answer": "It is 385.", "success": True})),
-    ])
+    agent.router.script(
+        SQUARES,
+        [
+            turn(tc(1, "think", {"thought": "Compute it with exec_code."})),
+            turn(tc(2, "exec_code", {"code": "print(sum(i*i for i in range(1, 11)))"}), content="Let me compute that."),
+            turn(tc(3, "final_answer", {"answer": "It is 385.", "success": True})),
+        ],
+    )
 
 
 def test_run_is_captured_as_one_complete_trace(agent, hook) -> None:
@@ -63,7 +66,15 @@ def test_run_is_captured_as_one_complete_trace(agent, hook) -> None:
     assert code["arguments"] == {"code": "print(sum(i*i for i in range(1, 11)))"}
     assert code["success"] is True and code["duration_ms"] > 0 and "function_duration_ms" in code
     # the transcript is the context's working history, OpenAI format, think result once
-    assert [m["role"] for m in trace["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in trace["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert len(ctx.working_history) == 8  # FlowAgent appended the think result twice
     assert trace["messages"][4]["tool_calls"][0]["function"]["name"] == "exec_code"
     # LLM calls: 3 main-loop turns, 1 think stream, 1 run summary; tokens from the agent's counters
@@ -82,7 +93,10 @@ def test_think_results_are_deduplicated_by_tool_call_id(agent, hook) -> None:
     assert len(trace["reasoning_steps"]) == 1
     step = trace["reasoning_steps"][0]
     assert step["call_id"] == "call_1"
-    assert step["content"] == "THOUGHT: Compute it with exec_code.\nASSESSMENT: Assessment: simple arithmetic. Tip: one exec_code call."
+    assert (
+        step["content"]
+        == "THOUGHT: Compute it with exec_code.\nASSESSMENT: Assessment: simple arithmetic. Tip: one exec_code call."
+    )
     think_msgs = [m for m in trace["messages"] if m["role"] == "tool" and m.get("name") == "think"]
     assert len(think_msgs) == 1
     stream_call = [c for c in trace["llm_calls"] if c["stream"]]
@@ -90,10 +104,20 @@ def test_think_results_are_deduplicated_by_tool_call_id(agent, hook) -> None:
 
 
 def test_user_query_is_the_query_passed_not_ctx_query_on_auto_resume(agent, hook) -> None:
-    agent.router.script("Weather in Paris?", [turn(tc(1, "get_weather", {"city": "Paris"})),
-                                              turn(tc(2, "final_answer", {"answer": "Paris: 21C", "success": True}))])
-    agent.router.script("And in Rome?", [turn(tc(3, "get_weather", {"city": "Rome"})),
-                                         turn(tc(4, "final_answer", {"answer": "Rome: 21C", "success": True}))])
+    agent.router.script(
+        "Weather in Paris?",
+        [
+            turn(tc(1, "get_weather", {"city": "Paris"})),
+            turn(tc(2, "final_answer", {"answer": "Paris: 21C", "success": True})),
+        ],
+    )
+    agent.router.script(
+        "And in Rome?",
+        [
+            turn(tc(3, "get_weather", {"city": "Rome"})),
+            turn(tc(4, "final_answer", {"answer": "Rome: 21C", "success": True})),
+        ],
+    )
 
     async def main():
         first = await agent.a_run("Weather in Paris?", session_id="s1", persist_blocking=True)
@@ -133,8 +157,13 @@ def test_run_finished_in_background_commit_is_not_stored_as_running(agent, hook)
 
 def test_sidecar_reply_is_its_own_turn(agent, hook) -> None:
     """A query that arrives while the session's last run is still committing is answered by the sidecar."""
-    agent.router.script("First task", [turn(tc(1, "get_weather", {"city": "Oslo"})),
-                                       turn(tc(2, "final_answer", {"answer": "Oslo: 21C", "success": True}))])
+    agent.router.script(
+        "First task",
+        [
+            turn(tc(1, "get_weather", {"city": "Oslo"})),
+            turn(tc(2, "final_answer", {"answer": "Oslo: 21C", "success": True})),
+        ],
+    )
 
     async def main():
         first = await agent.a_run("First task", session_id="s2")  # commit still pending
@@ -153,12 +182,18 @@ def test_sidecar_reply_is_its_own_turn(agent, hook) -> None:
 
 def test_tool_failure_is_detected_honestly(agent, hook) -> None:
     q = "Weather in Berlin and ACME stock?"
-    agent.router.script(q, [
-        turn(tc(4, "load_tools", {"tools": ["get_weather", "fetch_stock"]})),
-        turn(tc(5, "get_weather", {"city": "Berlin"}), tc(6, "fetch_stock", {"symbol": "ACME"}),
-             tc(7, "exec_code", {"code": "print(1/0)"})),
-        turn(tc(8, "final_answer", {"answer": "Berlin is sunny; no quote.", "success": False})),
-    ])
+    agent.router.script(
+        q,
+        [
+            turn(tc(4, "load_tools", {"tools": ["get_weather", "fetch_stock"]})),
+            turn(
+                tc(5, "get_weather", {"city": "Berlin"}),
+                tc(6, "fetch_stock", {"symbol": "ACME"}),
+                tc(7, "exec_code", {"code": "print(1/0)"}),
+            ),
+            turn(tc(8, "final_answer", {"answer": "Berlin is sunny; no quote.", "success": False})),
+        ],
+    )
     asyncio.run(agent.a_run(q, session_id="research", persist_blocking=True))
     (trace,) = flushed(hook)
     (load,) = calls(trace, "load_tools")
@@ -183,8 +218,10 @@ def test_error_result_marks_trace_failed(agent, hook) -> None:
     assert answer == "Error: engine exploded"
     (trace,) = flushed(hook)
     assert trace["success"] is False and trace["final_response"] == "Error: engine exploded"
-    assert trace["messages"] == [{"role": "user", "content": "anything"},
-                                 {"role": "assistant", "content": "Error: engine exploded"}]
+    assert trace["messages"] == [
+        {"role": "user", "content": "anything"},
+        {"role": "assistant", "content": "Error: engine exploded"},
+    ]
 
 
 def test_max_iterations_status_is_a_failure(agent, hook) -> None:
@@ -197,8 +234,10 @@ def test_max_iterations_status_is_a_failure(agent, hook) -> None:
 
 
 def test_invalid_json_arguments_are_a_failed_call(agent, hook) -> None:
-    agent.router.script("Bad args", [turn(tc(1, "get_weather", "{not json")),
-                                     turn(tc(2, "final_answer", {"answer": "sorry", "success": False}))])
+    agent.router.script(
+        "Bad args",
+        [turn(tc(1, "get_weather", "{not json")), turn(tc(2, "final_answer", {"answer": "sorry", "success": False}))],
+    )
     asyncio.run(agent.a_run("Bad args", session_id="j", persist_blocking=True))
     (trace,) = flushed(hook)
     (call,) = trace["tool_calls"]
@@ -207,10 +246,20 @@ def test_invalid_json_arguments_are_a_failed_call(agent, hook) -> None:
 
 
 def test_sub_agent_calls_are_captured_in_the_parent_run(agent, hook) -> None:
-    agent.router.script("Delegate it", [turn(tc(1, "spawn_sub_agent", {"task": "Sub: weather in Rome"})),
-                                        turn(tc(2, "final_answer", {"answer": "Rome is sunny", "success": True}))])
-    agent.router.script("Sub: weather in Rome", [turn(tc("s1", "get_weather", {"city": "Rome"})),
-                                                 turn(tc("s2", "final_answer", {"answer": "sunny", "success": True}))])
+    agent.router.script(
+        "Delegate it",
+        [
+            turn(tc(1, "spawn_sub_agent", {"task": "Sub: weather in Rome"})),
+            turn(tc(2, "final_answer", {"answer": "Rome is sunny", "success": True})),
+        ],
+    )
+    agent.router.script(
+        "Sub: weather in Rome",
+        [
+            turn(tc("s1", "get_weather", {"city": "Rome"})),
+            turn(tc("s2", "final_answer", {"answer": "sunny", "success": True})),
+        ],
+    )
     asyncio.run(agent.a_run("Delegate it", session_id="p", persist_blocking=True))
     (trace,) = flushed(hook)
     names = [(c["tool_name"], c["call_id"]) for c in trace["tool_calls"]]
@@ -220,8 +269,10 @@ def test_sub_agent_calls_are_captured_in_the_parent_run(agent, hook) -> None:
 
 
 def test_arun_function_inside_engine_call_is_recorded_once(agent, hook) -> None:
-    agent.router.script("One call", [turn(tc(1, "get_weather", {"city": "Kyiv"})),
-                                     turn(tc(2, "final_answer", {"answer": "ok", "success": True}))])
+    agent.router.script(
+        "One call",
+        [turn(tc(1, "get_weather", {"city": "Kyiv"})), turn(tc(2, "final_answer", {"answer": "ok", "success": True}))],
+    )
     asyncio.run(agent.a_run("One call", session_id="o", persist_blocking=True))
     (trace,) = flushed(hook)
     (call,) = trace["tool_calls"]
@@ -230,20 +281,28 @@ def test_arun_function_inside_engine_call_is_recorded_once(agent, hook) -> None:
 
 def test_arun_function_called_directly_in_a_run_is_a_tool_call(agent, tmp_path) -> None:
     """A tool that calls another tool through arun_function: both are recorded, not merged."""
+
     async def nested(city: str) -> str:
         return await agent.arun_function("get_weather", city=city)
 
     agent.add_tool(nested, name="nested_weather")
     hook = hook_into_agent(agent, store=tmp_path / "t")
     try:
-        agent.router.script("Nested", [turn(tc(1, "nested_weather", {"city": "Lima"})),
-                                       turn(tc(2, "final_answer", {"answer": "ok", "success": True}))])
+        agent.router.script(
+            "Nested",
+            [
+                turn(tc(1, "nested_weather", {"city": "Lima"})),
+                turn(tc(2, "final_answer", {"answer": "ok", "success": True})),
+            ],
+        )
         asyncio.run(agent.a_run("Nested", session_id="n", persist_blocking=True))
         (trace,) = flushed(hook)
     finally:
         hook.unhook()
-    assert [(c["tool_name"], c["layer"]) for c in trace["tool_calls"]] == [("nested_weather", "engine"),
-                                                                           ("get_weather", "function")]
+    assert [(c["tool_name"], c["layer"]) for c in trace["tool_calls"]] == [
+        ("nested_weather", "engine"),
+        ("get_weather", "function"),
+    ]
     inner = trace["tool_calls"][1]
     assert inner["arguments"] == {"city": "Lima"} and inner["result"] == "Weather in Lima: 21C, sunny"
 
@@ -260,9 +319,14 @@ def test_get_ctx_return_value_is_unchanged(agent, hook) -> None:
 def test_a_stream_is_captured_as_one_trace(agent, hook) -> None:
     q = "Stream: weather in Oslo"
     agent.router.thinks = ["Plan: one get_weather call."]
-    agent.router.script(q, [turn(tc("o0", "think", {"thought": "look it up"})),
-                            turn(tc("o1", "get_weather", {"city": "Oslo"})),
-                            turn(tc("o2", "final_answer", {"answer": "Oslo: 21C", "success": True}))])
+    agent.router.script(
+        q,
+        [
+            turn(tc("o0", "think", {"thought": "look it up"})),
+            turn(tc("o1", "get_weather", {"city": "Oslo"})),
+            turn(tc("o2", "final_answer", {"answer": "Oslo: 21C", "success": True})),
+        ],
+    )
 
     async def main():
         return [c async for c in agent.a_stream(q, session_id="st")]
@@ -275,15 +339,22 @@ def test_a_stream_is_captured_as_one_trace(agent, hook) -> None:
     assert trace["metadata"]["method"] == "a_stream" and trace["user_query"] == q
     assert trace["final_response"] == "Oslo: 21C" and trace["success"] is True and trace["status"] == "completed"
     assert [(c["tool_name"], c["call_id"], c["layer"]) for c in trace["tool_calls"]] == [
-        ("think", "o0", "stream"), ("get_weather", "o1", "engine")]
+        ("think", "o0", "stream"),
+        ("get_weather", "o1", "engine"),
+    ]
     assert trace["reasoning_steps"][0]["content"].endswith("Plan: one get_weather call.")
     assert trace["messages"][1] == {"role": "user", "content": q}
 
 
 def test_a_stream_chunks_pass_through_unchanged(agent, tmp_path) -> None:
     def script():
-        agent.router.script("S", [turn(tc(1, "get_weather", {"city": "Rome"})),
-                                  turn(tc(2, "final_answer", {"answer": "R", "success": True}))])
+        agent.router.script(
+            "S",
+            [
+                turn(tc(1, "get_weather", {"city": "Rome"})),
+                turn(tc(2, "final_answer", {"answer": "R", "success": True})),
+            ],
+        )
 
     async def collect(session: str):
         return [{k: v for k, v in c.items()} async for c in agent.a_stream("S", session_id=session)]
@@ -297,8 +368,14 @@ def test_a_stream_chunks_pass_through_unchanged(agent, tmp_path) -> None:
 
 
 def test_a_stream_break_finalises_the_trace(agent, hook) -> None:
-    agent.router.script("Long", [turn(tc(1, "get_weather", {"city": "A"})), turn(tc(2, "get_weather", {"city": "B"})),
-                                 turn(tc(3, "final_answer", {"answer": "done", "success": True}))])
+    agent.router.script(
+        "Long",
+        [
+            turn(tc(1, "get_weather", {"city": "A"})),
+            turn(tc(2, "get_weather", {"city": "B"})),
+            turn(tc(3, "final_answer", {"answer": "done", "success": True})),
+        ],
+    )
     saves_before = agent.saves
 
     async def main():
@@ -322,8 +399,10 @@ def test_stream_mode_llm_result_is_wrapped_and_still_works(agent, hook) -> None:
     async def main():
         agent.router.thinks = ["alpha beta"]
         # inside a captured run so the call is recorded
-        agent.router.script("Think only", [turn(tc(1, "think", {"thought": "x"})),
-                                           turn(tc(2, "final_answer", {"answer": "ok", "success": True}))])
+        agent.router.script(
+            "Think only",
+            [turn(tc(1, "think", {"thought": "x"})), turn(tc(2, "final_answer", {"answer": "ok", "success": True}))],
+        )
         await agent.a_run("Think only", session_id="t", persist_blocking=True)
         fn = await agent.a_run_llm_completion([{"role": "user", "content": "hi"}], stream=True)  # outside a run
         return inspect.isasyncgenfunction(fn), [x async for x in fn()]

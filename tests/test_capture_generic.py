@@ -51,8 +51,9 @@ class ToyAgent:
 
 def test_generic_agent_runs_and_tools_are_captured(tmp_path) -> None:
     agent = ToyAgent()
-    hook = hook_into_agent(agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool"],
-                           llm_methods=["complete"])
+    hook = hook_into_agent(
+        agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool"], llm_methods=["complete"]
+    )
     try:
         answer = asyncio.run(agent.a_run("cats", session_id="g1"))
         (trace,) = flushed(hook)
@@ -64,7 +65,10 @@ def test_generic_agent_runs_and_tools_are_captured(tmp_path) -> None:
     assert trace["success"] is None  # no exception, but nothing says whether the task succeeded
     calls = trace["tool_calls"]
     assert [(c["tool_name"], c["arguments"], c["success"]) for c in calls] == [
-        ("search", {"q": "cats"}, True), ("calc", {"expr": "1+1"}, True), ("broken", {}, False)]
+        ("search", {"q": "cats"}, True),
+        ("calc", {"expr": "1+1"}, True),
+        ("broken", {}, False),
+    ]
     assert calls[2]["error"] == "ValueError: tool broke" and calls[1]["result"] == "2"
     (llm,) = trace["llm_calls"]
     assert llm["model"] == "toy-model" and llm["output"].startswith("LLM says") and trace["llm_calls_count"] == 1
@@ -123,15 +127,18 @@ def test_error_string_result_is_a_failure(tmp_path) -> None:
     assert trace["success"] is False
 
 
-@pytest.mark.parametrize("options, message", [
-    ({}, "not a toolboxv2 FlowAgent"),
-    ({"run_methods": ["nope"]}, "has no method 'nope'"),
-    ({"run_methods": ["a_run"], "colour": "red"}, "unknown option"),
-    ({"run_methods": ["a_run"], "queue_size": 0}, "queue_size"),
-    ({"run_methods": ["a_run"], "mask": "not callable"}, "mask"),
-    ({"run_methods": "a_run b"}, "method names"),
-    ({"run_methods": ["a_run"], "adapter": "langchain"}, "adapter"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, "not a toolboxv2 FlowAgent"),
+        ({"run_methods": ["nope"]}, "has no method 'nope'"),
+        ({"run_methods": ["a_run"], "colour": "red"}, "unknown option"),
+        ({"run_methods": ["a_run"], "queue_size": 0}, "queue_size"),
+        ({"run_methods": ["a_run"], "mask": "not callable"}, "mask"),
+        ({"run_methods": "a_run b"}, "method names"),
+        ({"run_methods": ["a_run"], "adapter": "langchain"}, "adapter"),
+    ],
+)
 def test_wrong_options_raise_config_error(tmp_path, options: dict[str, Any], message: str) -> None:
     agent = ToyAgent()
     before = dict(vars(ToyAgent))
@@ -164,6 +171,7 @@ def test_stream_that_raises_is_a_failed_trace_and_the_error_reaches_the_host(tmp
 
     agent = Flaky()
     with hook_into_agent(agent, store=tmp_path, run_methods=["stream"]) as hook:
+
         async def main():
             got = []
             with pytest.raises(RuntimeError) as info:
@@ -174,7 +182,11 @@ def test_stream_that_raises_is_a_failed_trace_and_the_error_reaches_the_host(tmp
         got, err = asyncio.run(main())
         (trace,) = flushed(hook)
     assert got == ["partial"] and err is ERR
-    assert trace["success"] is False and trace["status"] == "error" and trace["metadata"]["error"] == "RuntimeError: mid-stream"
+    assert (
+        trace["success"] is False
+        and trace["status"] == "error"
+        and trace["metadata"]["error"] == "RuntimeError: mid-stream"
+    )
 
 
 ERR = RuntimeError("mid-stream")

@@ -62,8 +62,7 @@ HOSTILE: dict[str, tuple[Any, str]] = {
     "recursive_dict": (_recursive_dict(), "<unserialisable dict: contains itself>"),
 }
 
-PLACEMENTS = ("tool_argument", "tool_result", "llm_input", "llm_output", "query", "answer", "exception",
-              "metadata")
+PLACEMENTS = ("tool_argument", "tool_result", "llm_input", "llm_output", "query", "answer", "exception", "metadata")
 
 
 class HostileAgent:
@@ -97,8 +96,14 @@ class HostileAgent:
 def _run_hostile(tmp_path: Path, value: Any, where: str) -> tuple[dict[str, Any], str, Any]:
     agent = HostileAgent(value, where)
     options = {"metadata": {"team": "a", "v": value}} if where == "metadata" else {}
-    hook = hook_into_agent(agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool", "explode"],
-                           llm_methods=["complete"], **options)
+    hook = hook_into_agent(
+        agent,
+        store=tmp_path,
+        run_methods=["a_run"],
+        tool_methods=["call_tool", "explode"],
+        llm_methods=["complete"],
+        **options,
+    )
     try:
         answer = asyncio.run(agent.a_run(value if where == "query" else "cats please"))
         assert hook.flush(10), f"flush failed: {hook.stats}"
@@ -182,8 +187,8 @@ def test_an_exception_whose_own_str_raises_is_named(tmp_path) -> None:
 
 
 def test_big_but_printable_ints_are_written_as_their_digits(tmp_path) -> None:
-    trace, _text, _ = _run_hostile(tmp_path, {"n": 2 ** 70, "small": 7, "neg": -(2 ** 64)}, "tool_argument")
-    assert trace["tool_calls"][0]["arguments"]["v"] == {"n": str(2 ** 70), "small": 7, "neg": str(-(2 ** 64))}
+    trace, _text, _ = _run_hostile(tmp_path, {"n": 2**70, "small": 7, "neg": -(2**64)}, "tool_argument")
+    assert trace["tool_calls"][0]["arguments"]["v"] == {"n": str(2**70), "small": 7, "neg": str(-(2**64))}
 
 
 def test_nesting_past_the_depth_limit_is_cut_there(tmp_path) -> None:
@@ -208,12 +213,23 @@ def test_objects_with_a_json_form_keep_it(tmp_path) -> None:
         x: int
         tags: set[str]
 
-    value = {"when": datetime.date(2025, 1, 2), "id": uuid.UUID(int=1), "colour": Colour.RED,
-             "point": Point(1, {"a"}), "raw": b"plain", "pair": (1, 2)}
+    value = {
+        "when": datetime.date(2025, 1, 2),
+        "id": uuid.UUID(int=1),
+        "colour": Colour.RED,
+        "point": Point(1, {"a"}),
+        "raw": b"plain",
+        "pair": (1, 2),
+    }
     trace, _text, _ = _run_hostile(tmp_path, value, "tool_argument")
     assert trace["tool_calls"][0]["arguments"]["v"] == {
-        "when": "2025-01-02", "id": str(uuid.UUID(int=1)), "colour": "red", "point": {"x": 1, "tags": ["a"]},
-        "raw": "plain", "pair": [1, 2]}
+        "when": "2025-01-02",
+        "id": str(uuid.UUID(int=1)),
+        "colour": "red",
+        "point": {"x": 1, "tags": ["a"]},
+        "raw": "plain",
+        "pair": [1, 2],
+    }
 
 
 def test_the_hosts_objects_are_only_read(tmp_path) -> None:
@@ -236,9 +252,13 @@ def test_the_hosts_objects_are_only_read(tmp_path) -> None:
 
 def test_flowagent_run_with_a_lone_surrogate_is_written(tmp_path) -> None:
     agent = make_agent()
-    agent.router.script("Weather?", [
-        turn(tc(1, "get_weather", {"city": "Ly\ud800on"})),
-        turn(tc(2, "final_answer", {"answer": "done \ud800", "success": True}))])
+    agent.router.script(
+        "Weather?",
+        [
+            turn(tc(1, "get_weather", {"city": "Ly\ud800on"})),
+            turn(tc(2, "final_answer", {"answer": "done \ud800", "success": True})),
+        ],
+    )
     with hook_into_agent(agent, store=tmp_path) as hook:
         answer = asyncio.run(agent.a_run("Weather?", session_id="s", persist_blocking=True))
         (trace,) = flushed(hook)
@@ -368,7 +388,7 @@ KEEP = LIMIT // 2 - 64
 class BigAgent:
     def __init__(self, blob: str) -> None:
         self.blob = blob
-        self.parts = (blob[: len(blob) // 2], blob[len(blob) // 2:])
+        self.parts = (blob[: len(blob) // 2], blob[len(blob) // 2 :])
         self.peak = 0
 
     async def a_run(self, query: str) -> str:
@@ -410,8 +430,9 @@ def _all_strings(value: Any) -> list[str]:
 def test_a_50mb_value_is_not_copied_on_the_host(tmp_path) -> None:
     blob = "x" * BIG
     agent = BigAgent(blob)
-    hook = hook_into_agent(agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool", "explode"],
-                           llm_methods=["complete"])
+    hook = hook_into_agent(
+        agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool", "explode"], llm_methods=["complete"]
+    )
     tracemalloc.start()
     try:
         asyncio.run(agent.a_run("q"))
@@ -453,8 +474,17 @@ def test_a_streamed_50mb_answer_is_not_joined_on_the_host(tmp_path, monkeypatch)
 def test_a_50mb_value_reaches_the_writer_already_bounded(tmp_path) -> None:
     secret = "sk-" + "A1b2C3d4" * 6
     # a secret across each cut: whatever is kept of it must be masked, not a piece of it left
-    blob = ("h" * (KEEP - 20) + " " + secret + " " + "m" * (BIG - 2 * KEEP - 2 * len(secret))
-            + " " + secret + " " + "t" * (KEEP - 20))
+    blob = (
+        "h" * (KEEP - 20)
+        + " "
+        + secret
+        + " "
+        + "m" * (BIG - 2 * KEEP - 2 * len(secret))
+        + " "
+        + secret
+        + " "
+        + "t" * (KEEP - 20)
+    )
     seen: list[int] = []
 
     def mask(text: str) -> str:
@@ -462,8 +492,14 @@ def test_a_50mb_value_reaches_the_writer_already_bounded(tmp_path) -> None:
         return text
 
     agent = BigAgent(blob)
-    hook = hook_into_agent(agent, store=tmp_path, run_methods=["a_run"], tool_methods=["call_tool", "explode"],
-                           llm_methods=["complete"], mask=mask)
+    hook = hook_into_agent(
+        agent,
+        store=tmp_path,
+        run_methods=["a_run"],
+        tool_methods=["call_tool", "explode"],
+        llm_methods=["complete"],
+        mask=mask,
+    )
     records: list[Any] = []
     real_submit = hook.registration.submit
     hook.registration.submit = lambda rec: (records.append(rec.build()), real_submit(rec))[1]  # type: ignore[method-assign]
@@ -477,7 +513,7 @@ def test_a_50mb_value_reaches_the_writer_already_bounded(tmp_path) -> None:
     assert max(len(s) for s in _all_strings(built)) <= LIMIT
     assert seen and max(seen) <= LIMIT  # the mask never saw the whole value
     text = json.dumps(trace)
-    for piece in {secret[i:i + 12] for i in range(len(secret) - 11)}:
+    for piece in {secret[i : i + 12] for i in range(len(secret) - 11)}:
         assert piece not in text
     assert stats.secrets_masked >= 2
     result = trace["tool_calls"][0]["result"]
@@ -492,9 +528,10 @@ def test_max_chars_bounds_values_without_redaction_and_none_keeps_them(tmp_path)
     for options, kept in (({"redact": False}, False), ({"max_chars": None}, True)):
         store = tmp_path / str(len(options)) / ("r" if "redact" in options else "n")
         agent = BigAgent(blob)
-        with hook_into_agent(agent, store=store, run_methods=["a_run"], tool_methods=["call_tool"],
-                             **options) as hook:
+        with hook_into_agent(agent, store=store, run_methods=["a_run"], tool_methods=["call_tool"], **options) as hook:
             asyncio.run(agent.a_run("q"))
             (trace,) = flushed(hook)
         assert (trace["final_response"] == blob) is kept
-        assert len(trace["final_response"]) == (200_000 if kept else 2 * KEEP + len(f"…[truncated {200_000 - 2 * KEEP} chars]…"))
+        assert len(trace["final_response"]) == (
+            200_000 if kept else 2 * KEEP + len(f"…[truncated {200_000 - 2 * KEEP} chars]…")
+        )

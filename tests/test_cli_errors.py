@@ -31,6 +31,10 @@ def test_usage_errors_print_usage_and_exit_2(argv: list[str], says: str, capsys:
 
 
 def test_the_installed_entry_point_shows_no_traceback() -> None:
-    done = subprocess.run([sys.executable, "-c", "import sys; from flowrl.cli import main; sys.exit(main())", "nosuchcmd"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from flowrl.cli import main; sys.exit(main())", "nosuchcmd"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "No such command" in done.stderr and "Traceback" not in done.stderr

@@ -25,21 +25,47 @@ from flowrl.schema import ExecutionTrace
 _n = 0
 
 
-def run(query: str, answers: list[str], reward: float | None = None, *, label: bool | None = None,
-        label_source: str | None = None, tool: bool = True, day: str = "2026-11-01", **kw: object) -> ExecutionTrace:
+def run(
+    query: str,
+    answers: list[str],
+    reward: float | None = None,
+    *,
+    label: bool | None = None,
+    label_source: str | None = None,
+    tool: bool = True,
+    day: str = "2026-11-01",
+    **kw: object,
+) -> ExecutionTrace:
     """A run: system, user, then for each answer but the last a tool call + result, then the last answer."""
     global _n
     _n += 1
     messages: list[dict] = [{"role": "system", "content": "sys"}, {"role": "user", "content": query}]
     for i, code in enumerate(answers[:-1] if tool else []):
         messages += [
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"id": f"c{_n}_{i}", "type": "function", "function": {"name": "exec_code", "arguments": f'{{"code": "{code}"}}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{_n}_{i}",
+                        "type": "function",
+                        "function": {"name": "exec_code", "arguments": f'{{"code": "{code}"}}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": f"c{_n}_{i}", "name": "exec_code", "content": f"out {code}"},
         ]
     messages.append({"role": "assistant", "content": answers[-1]})
-    return ExecutionTrace(trace_id=f"t{_n:05d}", timestamp=f"{day}T10:00:{_n % 60:02d}", user_query=query,
-                          messages=messages, reward_score=reward, label=label, label_source=label_source, **kw)
+    return ExecutionTrace(
+        trace_id=f"t{_n:05d}",
+        timestamp=f"{day}T10:00:{_n % 60:02d}",
+        user_query=query,
+        messages=messages,
+        reward_score=reward,
+        label=label,
+        label_source=label_source,
+        **kw,
+    )
 
 
 def rows(builder, traces, **kw):  # type: ignore[no-untyped-def]
@@ -59,7 +85,9 @@ def test_kto_one_row_per_assistant_step_with_the_trace_label() -> None:
     first, last = out[0], out[-1]
     assert [m["role"] for m in first["prompt"]] == ["system", "user"]
     assert first["completion"][0]["tool_calls"][0]["function"]["arguments"] == {"code": "a"}
-    assert [m["role"] for m in last["prompt"]][-1] == "tool" and last["completion"] == [{"role": "assistant", "content": "final"}]
+    assert [m["role"] for m in last["prompt"]][-1] == "tool" and last["completion"] == [
+        {"role": "assistant", "content": "final"}
+    ]
     assert all(len(r["completion"]) == 1 and r["completion"][0]["role"] == "assistant" for r in out)
 
 
@@ -110,17 +138,21 @@ def test_very_long_transcripts_are_counted_never_silent() -> None:
     assert stats.dropped_too_long == 2  # step 1 (its call is long) and step 2 (the long call is in its prompt)
     with pytest.raises(DatasetError, match="2 rows over the length budget"):
         rows(KTODatasetBuilder(max_chars=1000), [run("q", ["x" * 5000, "final"], 0.9, label=True)])
-    sft, stats = rows(SFTDatasetBuilder(select="label", max_chars=6000), [
-        run("q", ["a", "b" * 3000, "c" * 3000, "final"], 0.9, label=True)])
+    sft, stats = rows(
+        SFTDatasetBuilder(select="label", max_chars=6000),
+        [run("q", ["a", "b" * 3000, "c" * 3000, "final"], 0.9, label=True)],
+    )
     assert stats.truncated == 1 and sft[0]["messages"][-1]["role"] == "assistant"
     assert "c" * 3000 not in str(sft[0]["messages"])
 
 
 # -- GRPO ---------------------------------------------------------------------------------------
 def test_grpo_online_one_prompt_per_task_with_reward_columns() -> None:
-    traces = [run("Sum 1..10?", ["code", "55"], 0.9, label=True, metadata={"test_code": "assert f() == 55"}),
-              run("sum 1..10", ["code", "54"], 0.1, label=False),
-              run("Other task", ["42"], None, tool=False, metadata={"reference_answer": "42"})]
+    traces = [
+        run("Sum 1..10?", ["code", "55"], 0.9, label=True, metadata={"test_code": "assert f() == 55"}),
+        run("sum 1..10", ["code", "54"], 0.1, label=False),
+        run("Other task", ["42"], None, tool=False, metadata={"reference_answer": "42"}),
+    ]
     out, stats = rows(GRPODatasetBuilder(), traces)
     assert len(out) == 2 and stats.groups["used"] == 2
     sum_row = next(r for r in out if r["n_traces"] == 2)
@@ -133,10 +165,15 @@ def test_grpo_online_one_prompt_per_task_with_reward_columns() -> None:
 
 
 def test_grpo_offline_groups_logged_completions_and_drops_flat_or_single_groups() -> None:
-    traces = [run("task a", ["x", "good"], 0.9), run("Task A", ["y", "bad"], 0.2), run("task a", ["bad"], 0.3, tool=False),
-              run("task b", ["same"], 0.5), run("task b", ["same too"], 0.5),  # all rewards equal
-              run("task c", ["alone"], 0.7),  # a group of one
-              run("task a", ["unscored"], None)]
+    traces = [
+        run("task a", ["x", "good"], 0.9),
+        run("Task A", ["y", "bad"], 0.2),
+        run("task a", ["bad"], 0.3, tool=False),
+        run("task b", ["same"], 0.5),
+        run("task b", ["same too"], 0.5),  # all rewards equal
+        run("task c", ["alone"], 0.7),  # a group of one
+        run("task a", ["unscored"], None),
+    ]
     out, stats = rows(GRPODatasetBuilder(offline=True), traces)
     assert len(out) == 1
     row = out[0]
@@ -158,9 +195,13 @@ def test_grpo_offline_caps_groups_keeping_best_and_worst() -> None:
 
 # -- SFT ----------------------------------------------------------------------------------------
 def test_sft_top_share_label_and_best_per_task() -> None:
-    traces = [run("a", ["x", "a1"], 0.9), run("a", ["a2"], 0.5, tool=False), run("b", ["b1"], 0.8, tool=False),
-              run("b", ["b2"], 0.1, label=True, label_source="manual"),
-              run("c", ["c1"], 0.95, label=False, label_source="manual")]
+    traces = [
+        run("a", ["x", "a1"], 0.9),
+        run("a", ["a2"], 0.5, tool=False),
+        run("b", ["b1"], 0.8, tool=False),
+        run("b", ["b2"], 0.1, label=True, label_source="manual"),
+        run("c", ["c1"], 0.95, label=False, label_source="manual"),
+    ]
     top, _ = rows(SFTDatasetBuilder(top_share=0.5), traces)
     # top half of the 4 rewards not manually rejected is >= 0.8; the manual good one joins, the manual bad never
     assert sorted(r["trace_id"] for r in top) == sorted([traces[0].trace_id, traces[2].trace_id, traces[3].trace_id])
@@ -189,9 +230,13 @@ def test_dpo_pairs_best_and_worst_at_their_first_differing_assistant_turn() -> N
 
 
 def test_dpo_drops_small_margins_identical_runs_and_single_runs() -> None:
-    traces = [run("m", ["a"], 0.5, tool=False), run("m", ["b"], 0.55, tool=False),
-              run("i", ["same"], 0.9, tool=False), run("i", ["same"], 0.1, tool=False),
-              run("one", ["x"], 0.9, tool=False)]
+    traces = [
+        run("m", ["a"], 0.5, tool=False),
+        run("m", ["b"], 0.55, tool=False),
+        run("i", ["same"], 0.9, tool=False),
+        run("i", ["same"], 0.1, tool=False),
+        run("one", ["x"], 0.9, tool=False),
+    ]
     with pytest.raises(DatasetError) as err:
         rows(DPODatasetBuilder(min_margin=0.1), traces, filters=DatasetFilter(dedupe=False))
     msg = str(err.value)
@@ -220,8 +265,13 @@ def test_group_key_and_embedding_grouping() -> None:
     def fake_embed(texts: list[str]) -> list[list[float]]:  # "phrasing" queries are near each other
         return [[1.0, 0.05 * len(t) % 1] if "phrasing" in t else [0.0, 1.0] for t in texts]
 
-    out, _ = rows(GRPODatasetBuilder(offline=True), [a, b, run("unrelated", ["z"], 0.5, tool=False)],
-                  group_by="embedding", embedder=fake_embed, similarity=0.95)
+    out, _ = rows(
+        GRPODatasetBuilder(offline=True),
+        [a, b, run("unrelated", ["z"], 0.5, tool=False)],
+        group_by="embedding",
+        embedder=fake_embed,
+        similarity=0.95,
+    )
     assert len(out) == 1 and out[0]["group_size"] == 2
 
 
@@ -255,10 +305,15 @@ def test_no_traces_at_all_is_a_clear_error() -> None:
 
 
 def test_bad_options_are_config_errors() -> None:
-    for make in (lambda: KTODatasetBuilder(rows="all"), lambda: SFTDatasetBuilder(top_share=0),  # type: ignore[arg-type]
-                 lambda: GRPODatasetBuilder(min_group_size=1), lambda: DPODatasetBuilder(min_margin=2),
-                 lambda: KTODatasetBuilder(max_chars=0), lambda: DatasetPipeline(KTODatasetBuilder(), val_fraction=1),
-                 lambda: DatasetPipeline(KTODatasetBuilder(), group_by="vibes")):  # type: ignore[arg-type]
+    for make in (
+        lambda: KTODatasetBuilder(rows="all"),
+        lambda: SFTDatasetBuilder(top_share=0),  # type: ignore[arg-type]
+        lambda: GRPODatasetBuilder(min_group_size=1),
+        lambda: DPODatasetBuilder(min_margin=2),
+        lambda: KTODatasetBuilder(max_chars=0),
+        lambda: DatasetPipeline(KTODatasetBuilder(), val_fraction=1),
+        lambda: DatasetPipeline(KTODatasetBuilder(), group_by="vibes"),
+    ):  # type: ignore[arg-type]
         with pytest.raises(ConfigError):
             make()
 

@@ -20,12 +20,22 @@ RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering
 
 
 def test_openai_tool_call_arguments_become_a_dict_and_content_a_string() -> None:
-    m = normalize_message({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}], "extra": 1})
-    assert m == {"role": "assistant", "content": "",
-                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}
-    as_string = normalize_message({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
-                                  "string")
+    m = normalize_message(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            "extra": 1,
+        }
+    )
+    assert m == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+    }
+    as_string = normalize_message(
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}, "string"
+    )
     assert as_string["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # flowrl.transcript.arguments_json
 
 
@@ -69,10 +79,20 @@ def test_prompt_ends_at_this_runs_user_turn_after_history() -> None:
 
 def test_flowagent_style_transcript_with_several_system_messages() -> None:
     messages = [
-        {"role": "system", "content": "a"}, {"role": "system", "content": "b"},
+        {"role": "system", "content": "a"},
+        {"role": "system", "content": "b"},
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_5", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_5",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_5", "name": "get_weather", "content": "21C"},
         {"role": "assistant", "content": "21C in Berlin"},
     ]
@@ -83,7 +103,9 @@ def test_flowagent_style_transcript_with_several_system_messages() -> None:
 
 def test_trace_without_tool_calls() -> None:
     conv = trace_conversation(ExecutionTrace(user_query="hi", final_response="hello"))
-    assert [m["role"] for m in conv.messages] == ["user", "assistant"] and not conv.has_tool_calls and conv.tools is None
+    assert (
+        [m["role"] for m in conv.messages] == ["user", "assistant"] and not conv.has_tool_calls and conv.tools is None
+    )
 
 
 def test_fit_trajectory_cuts_at_an_assistant_boundary() -> None:

@@ -38,8 +38,16 @@ def test_build_writes_datasetdict_jsonl_card_and_metadata(store: TraceStore, tmp
         assert key in meta
     assert meta["method"] == "kto" and meta["counts"] == result.counts and meta["desirable_weight"] >= 1.0
     card = (out / "README.md").read_text()
-    for text in ("# flowrl kto dataset", "| train |", "desirable (true)", "Reward histogram", "desirable_weight=",
-                 "flowrl 0.1.0", "Filters:", "rows dropped as too long: 0"):
+    for text in (
+        "# flowrl kto dataset",
+        "| train |",
+        "desirable (true)",
+        "Reward histogram",
+        "desirable_weight=",
+        "flowrl 0.1.0",
+        "Filters:",
+        "rows dropped as too long: 0",
+    ):
         assert text in card, text
     assert not (out / ".flowrl-build").exists()
 
@@ -71,8 +79,9 @@ def test_progress_is_reported(store: TraceStore, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("method", ["kto", "grpo", "grpo-offline", "sft", "dpo"])
-def test_cli_build_dataset_each_method(store: TraceStore, tmp_path: Path, method: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_dataset_each_method(
+    store: TraceStore, tmp_path: Path, method: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / method
     assert main(["build-dataset", "--method", method, "--store", str(store.root), "--out", str(out), "-q"]) == 0
     printed = capsys.readouterr().out
@@ -84,10 +93,18 @@ def test_cli_build_dataset_each_method(store: TraceStore, tmp_path: Path, method
 def test_cli_errors_are_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(["build-dataset", "-m", "kto", "--store", str(empty), "--out", str(tmp_path / "o"), "--since", "2026-01-01"]) == 2
+    assert (
+        main(
+            ["build-dataset", "-m", "kto", "--store", str(empty), "--out", str(tmp_path / "o"), "--since", "2026-01-01"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"no traces under {empty}" in err and "since=2026-01-01" in err
-    assert main(["build-dataset", "-m", "sft", "--store", str(empty), "--out", str(tmp_path / "o"), "--threshold", "0.5"]) == 2
+    assert (
+        main(["build-dataset", "-m", "sft", "--store", str(empty), "--out", str(tmp_path / "o"), "--threshold", "0.5"])
+        == 2
+    )
     assert "--threshold does not apply to --method sft" in capsys.readouterr().err
     assert main(["build-dataset", "-m", "ppo", "--store", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert "method 'ppo'" in capsys.readouterr().err
@@ -101,8 +118,24 @@ def test_cli_on_the_flowagent_rl_traces_fixture(tmp_path: Path, capsys: pytest.C
     st.label("0498911e921f", True)
     st.label("2a86d8ba994f", False)
     out = tmp_path / "kto"
-    assert main(["build-dataset", "--method", "kto", "--store", str(store_dir), "--out", str(out),
-                 "--val-fraction", "0", "--kto-rows", "final"]) == 0
+    assert (
+        main(
+            [
+                "build-dataset",
+                "--method",
+                "kto",
+                "--store",
+                str(store_dir),
+                "--out",
+                str(out),
+                "--val-fraction",
+                "0",
+                "--kto-rows",
+                "final",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "2 train rows" in printed and "skipped 1 traces: unlabelled" in printed
     meta = json.loads((out / METADATA_FILE).read_text())

@@ -22,8 +22,13 @@ FEW_SHOT = [
     {"role": "user", "content": "What is 12 * 7?"},
 ]
 RUN = [
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "exec_code", "arguments": {"code": "print(12 * 7)"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "exec_code", "arguments": {"code": "print(12 * 7)"}}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "c1", "name": "exec_code", "content": "TOOLOUT 84"},
     {"role": "assistant", "content": "The answer is 84."},
 ]
@@ -68,15 +73,23 @@ def test_kto_and_dpo_rows_end_on_the_end_of_turn_token(tok: Any) -> None:
     p, c, mask = renderer.prompt_completion(prompt, completion)
     assert tok.decode(c) == "The answer is 84.<|im_end|>" and set(mask) == {1}
     assert tok.decode(p).endswith("<|im_start|>assistant\n")
-    rows, stats = encode_for_trl("dpo", [{"prompt": prompt, "chosen": completion,
-                                          "rejected": [{"role": "assistant", "content": "83"}]}], renderer, max_length=None)
+    rows, stats = encode_for_trl(
+        "dpo",
+        [{"prompt": prompt, "chosen": completion, "rejected": [{"role": "assistant", "content": "83"}]}],
+        renderer,
+        max_length=None,
+    )
     assert tok.decode(rows[0]["rejected_ids"]) == "83<|im_end|>" and stats.sources["template"] == 1
 
 
 def test_captured_ids_are_used_exactly_when_the_tokenizer_matches(tok: Any) -> None:
     renderer = ChatRenderer(tok)
-    call = {"prompt_ids": [5, 6, 7], "completion_ids": [8, tok.eos_token_id], "logprobs": None,
-            "tokenizer": renderer.fingerprint}
+    call = {
+        "prompt_ids": [5, 6, 7],
+        "completion_ids": [8, tok.eos_token_id],
+        "logprobs": None,
+        "tokenizer": renderer.fingerprint,
+    }
     row = {"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT), "captured": {"calls": [call]}}
     (seq,) = row_sequences("sft", row, renderer, EncodeStats())
     assert seq.input_ids == [5, 6, 7, 8, tok.eos_token_id] and seq.loss_mask == [0, 0, 0, 1, 1]
@@ -87,8 +100,10 @@ def test_captured_ids_are_used_exactly_when_the_tokenizer_matches(tok: Any) -> N
 
 
 def test_a_run_with_a_redacted_call_is_not_token_faithful() -> None:
-    calls = [{"prompt_token_ids": [1, 2], "token_ids": [3], "tokenizer": "t@x"},
-             {"prompt_token_ids": None, "token_ids": None, "token_ids_dropped": "redacted"}]
+    calls = [
+        {"prompt_token_ids": [1, 2], "token_ids": [3], "tokenizer": "t@x"},
+        {"prompt_token_ids": None, "token_ids": None, "token_ids_dropped": "redacted"},
+    ]
     trace = ExecutionTrace(llm_calls=calls)
     assert aligned_calls(trace, 2) is None
     trace = ExecutionTrace(llm_calls=calls[:1])
@@ -97,8 +112,10 @@ def test_a_run_with_a_redacted_call_is_not_token_faithful() -> None:
 
 def test_a_template_that_drops_tool_calls_gets_them_as_text_and_says_so(tok: Any) -> None:
     plain = tiny_tokenizer(["FEWSHOT-ANSWER", "TOOLOUT"])
-    plain.chat_template = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
-                           "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    plain.chat_template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
     renderer = ChatRenderer(plain)
     assert not renderer.renders_tool_calls
     seq = renderer.render(FEW_SHOT + RUN, train_from=len(FEW_SHOT))
@@ -109,9 +126,11 @@ def test_a_template_that_drops_tool_calls_gets_them_as_text_and_says_so(tok: Any
 def test_a_template_that_is_not_prefix_preserving_and_has_no_training_version_stops(tok: Any) -> None:
     odd = tiny_tokenizer()
     # renders the last message differently from earlier ones: not prefix-preserving, unknown to TRL
-    odd.chat_template = ("{%- for m in messages %}{%- if loop.last %}{{- 'LAST:' }}{%- endif %}"
-                         "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endfor %}"
-                         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    odd.chat_template = (
+        "{%- for m in messages %}{%- if loop.last %}{{- 'LAST:' }}{%- endif %}"
+        "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
     renderer = ChatRenderer(odd, model="my/odd-model")
     with pytest.raises(TemplateError, match="my/odd-model is not prefix-preserving.*capture token ids"):
         renderer.render(FEW_SHOT + RUN[2:], train_from=len(FEW_SHOT))
@@ -119,8 +138,9 @@ def test_a_template_that_is_not_prefix_preserving_and_has_no_training_version_st
 
 def test_over_long_rows_are_dropped_and_counted_not_cut(tok: Any) -> None:
     renderer = ChatRenderer(tok)
-    rows, stats = encode_for_trl("sft", [{"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT)}], renderer,
-                                 max_length=10)
+    rows, stats = encode_for_trl(
+        "sft", [{"messages": FEW_SHOT + RUN, "prompt_end": len(FEW_SHOT)}], renderer, max_length=10
+    )
     assert rows == [] and stats.dropped == {"longer than max_length 10": 1}
 
 
@@ -131,10 +151,19 @@ def test_a_build_over_the_token_budget_lists_each_dropped_row(tmp_path: Any, tok
     from flowrl.data import DatasetPipeline, KTODatasetBuilder
     from flowrl.data.encode import TokenBudget
 
-    traces = [ExecutionTrace(trace_id=f"t{i}", user_query=f"q{i}", label=True, reward_score=0.9,
-                             messages=[{"role": "user", "content": f"q{i}"},
-                                       {"role": "assistant", "content": "long answer " * (40 if i == 1 else 1)}])
-              for i in range(3)]
+    traces = [
+        ExecutionTrace(
+            trace_id=f"t{i}",
+            user_query=f"q{i}",
+            label=True,
+            reward_score=0.9,
+            messages=[
+                {"role": "user", "content": f"q{i}"},
+                {"role": "assistant", "content": "long answer " * (40 if i == 1 else 1)},
+            ],
+        )
+        for i in range(3)
+    ]
     budget = TokenBudget("kto", ChatRenderer(tok, model="tiny"), max_length=60)
     result = DatasetPipeline(KTODatasetBuilder(), val_fraction=0.0, budget=budget).build(traces, tmp_path / "ds")
     assert result.counts == {"train": 2}
@@ -148,8 +177,13 @@ def test_a_build_over_the_token_budget_lists_each_dropped_row(tmp_path: Any, tok
 
 def test_the_run_record_lists_rows_dropped_at_training(tok: Any) -> None:
     renderer = ChatRenderer(tok)
-    rows = [{"trace_id": "short", "messages": FEW_SHOT + RUN[2:], "prompt_end": len(FEW_SHOT)},
-            {"trace_id": "long", "messages": FEW_SHOT + [{"role": "assistant", "content": "x " * 300}],
-             "prompt_end": len(FEW_SHOT)}]
+    rows = [
+        {"trace_id": "short", "messages": FEW_SHOT + RUN[2:], "prompt_end": len(FEW_SHOT)},
+        {
+            "trace_id": "long",
+            "messages": FEW_SHOT + [{"role": "assistant", "content": "x " * 300}],
+            "prompt_end": len(FEW_SHOT),
+        },
+    ]
     out, stats = encode_for_trl("sft", rows, renderer, max_length=200)
     assert len(out) == 1 and stats.to_dict()["dropped_rows"][0]["trace_ids"] == ["long"]

@@ -101,19 +101,31 @@ def run_rows(method: str, path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-CONTEXT = ["You are a helpful assistant with tools", "What is 25 * 4?", "'success': True, 'output': ''",
-           FEW_SHOT[1]["content"]]  # system prompt, user turn, tool output, a few-shot assistant turn
+CONTEXT = [
+    "You are a helpful assistant with tools",
+    "What is 25 * 4?",
+    "'success': True, 'output': ''",
+    FEW_SHOT[1]["content"],
+]  # system prompt, user turn, tool output, a few-shot assistant turn
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("model_name", ["smollm2", "qwen3"])
 def test_show_keeps_the_run_and_trains_only_what_the_model_generated(
-        method: str, model_name: str, datasets: dict[str, Path], store: TraceStore, request: pytest.FixtureRequest,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    method: str,
+    model_name: str,
+    datasets: dict[str, Path],
+    store: TraceStore,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     model = request.getfixturevalue(model_name)
     path = datasets[method]
-    shown = [show(path, model, n, capsys) for n, _ in run_rows(method, path)] if method != "dpo" else \
-        [show(path, model, n, capsys) for n in range(len(rows(path)))]
+    shown = (
+        [show(path, model, n, capsys) for n, _ in run_rows(method, path)]
+        if method != "dpo"
+        else [show(path, model, n, capsys) for n in range(len(rows(path)))]
+    )
     assert shown, f"no {method} row"
     sequences = [s for seqs in shown for s in seqs]
     texts = [s["text"] for s in sequences]
@@ -132,8 +144,9 @@ def test_show_keeps_the_run_and_trains_only_what_the_model_generated(
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_captured_runs_show_exactly_their_captured_ids(method: str, datasets: dict[str, Path], store: TraceStore,
-                                                       smollm2: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_captured_runs_show_exactly_their_captured_ids(
+    method: str, datasets: dict[str, Path], store: TraceStore, smollm2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = datasets[method]
     checked = 0
     for n, row in enumerate(rows(path)):
@@ -149,8 +162,9 @@ def test_captured_runs_show_exactly_their_captured_ids(method: str, datasets: di
         elif method == "dpo":
             for seq, trace_id in zip(sequences, (row["chosen_trace_id"], row["rejected_trace_id"])):
                 ids = seq["input_ids"]
-                assert any(ids[-len(c.completion_ids):] == c.completion_ids
-                           for c in captured_calls(store.get(trace_id)))
+                assert any(
+                    ids[-len(c.completion_ids) :] == c.completion_ids for c in captured_calls(store.get(trace_id))
+                )
         else:
             for seq, trace_id in zip(sequences, row["trace_ids"]):
                 (merged,) = merge_calls(captured_calls(store.get(trace_id)))
@@ -159,8 +173,9 @@ def test_captured_runs_show_exactly_their_captured_ids(method: str, datasets: di
     assert checked
 
 
-def test_show_prints_the_mask_for_people(datasets: dict[str, Path], smollm2: str,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_prints_the_mask_for_people(
+    datasets: dict[str, Path], smollm2: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["dataset", "show", str(datasets["kto"]), "--base-model", smollm2]) == 0
     out = capsys.readouterr().out
     assert "with loss (captured)" in out and "green: loss" in out

@@ -40,7 +40,8 @@ def persistent_models() -> Path:
 
 
 def test_cache_dir_has_its_own_variable_and_flowrl_home_does_not_move_it(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Issue 22: `export FLOWRL_HOME=~/flowrl` (the quickstart's first line) moved the model cache, so the model
     `make demo` had converted was downloaded and converted again (540 MB)."""
     monkeypatch.delenv("FLOWRL_MODELS", raising=False)
@@ -56,7 +57,8 @@ def test_cache_dir_has_its_own_variable_and_flowrl_home_does_not_move_it(
 
 
 def test_a_cache_an_older_flowrl_left_under_flowrl_home_is_named_once(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv("FLOWRL_MODELS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "home"))
@@ -130,14 +132,21 @@ def test_flowrl_template_renders_plain_chats_exactly_like_smollm2s() -> None:
     assert isinstance(tok, transformers.PreTrainedTokenizerBase)
     chats = [
         [{"role": "user", "content": "hi"}],
-        [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-         {"role": "user", "content": "again\nplease"}],
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "again\nplease"},
+        ],
     ]
     ours = models.chatml_template()
     for chat in chats:
         for gen in (False, True):
-            assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen, chat_template=ours) == \
-                tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2_TEMPLATE)
+            assert tok.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=gen, chat_template=ours
+            ) == tok.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=gen, chat_template=SMOLLM2_TEMPLATE
+            )
     assert models._renders_alike(tok, SMOLLM2_TEMPLATE, ours)
 
 
@@ -151,8 +160,11 @@ def test_flowrl_template_renders_tools_and_marks_assistant_turns() -> None:
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
     chat = [
         {"role": "user", "content": "2+3?"},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+        },
         {"role": "tool", "content": "5"},
         {"role": "assistant", "content": [{"type": "text", "text": "It is 5."}]},
     ]

@@ -40,19 +40,23 @@ def test_parse_tool_calls() -> None:
 
 
 def test_agent_runs_tools_and_is_captured_like_a_flowagent(tmp_path: Path) -> None:
-    backend = ScriptedBackend([
-        '<tool_call>{"name": "exec_code", "arguments": {"code": "print(45 + 38)"}}</tool_call>',
-        '<tool_call>{"name": "final_answer", "arguments": {"answer": "83"}}</tool_call>',
-        '<tool_call>{"name": "lookup", "arguments": {"key": "capital of mars"}}</tool_call>',
-        "I do not know.",
-    ])
+    backend = ScriptedBackend(
+        [
+            '<tool_call>{"name": "exec_code", "arguments": {"code": "print(45 + 38)"}}</tool_call>',
+            '<tool_call>{"name": "final_answer", "arguments": {"answer": "83"}}</tool_call>',
+            '<tool_call>{"name": "lookup", "arguments": {"key": "capital of mars"}}</tool_call>',
+            "I do not know.",
+        ]
+    )
     agent = ExampleAgent(backend, sandbox=FakeSandbox())
     store = TraceStore(tmp_path)
     hook = hook_into_agent(agent, store=store)
 
     async def main() -> tuple[str, str]:
-        return (await agent.a_run("What is 45 + 38?", session_id="a"),
-                await agent.a_run("What is the capital of Mars?", session_id="b"))
+        return (
+            await agent.a_run("What is 45 + 38?", session_id="a"),
+            await agent.a_run("What is the capital of Mars?", session_id="b"),
+        )
 
     first, second = asyncio.run(main())
     assert hook.flush(timeout=10)
@@ -81,6 +85,11 @@ def test_annotate_records_the_task_answer_once(tmp_path: Path) -> None:
     store.write(ExecutionTrace(trace_id="b", user_query="not a demo task"))
     assert annotate(store) == 1
     t = store.get("a")
-    assert (t.metadata["reference_answer"], t.group_key, t.rewards, t.reward_score) == (TASKS[0].answer, TASKS[0].task_id, {}, None)
+    assert (t.metadata["reference_answer"], t.group_key, t.rewards, t.reward_score) == (
+        TASKS[0].answer,
+        TASKS[0].task_id,
+        {},
+        None,
+    )
     assert "reference_answer" not in store.get("b").metadata
     assert annotate(store) == 0  # already annotated: left alone

@@ -48,16 +48,31 @@ def no_code_config(tmp_path: Path, body: str = "") -> Path:
 
 
 def test_default_weights_are_toolboxv2s_style_with_dominant_correctness():
-    assert DEFAULT_WEIGHTS == {"code_execution": 2.0, "syntax": 1.0, "tool_success": 2.0, "task_completion": 10.0,
-                               "efficiency": 0.5, "format": 1.0, "reference_answer": 20.0,
-                               "host_outcome": 40.0}  # see engine.py's docstring
+    assert DEFAULT_WEIGHTS == {
+        "code_execution": 2.0,
+        "syntax": 1.0,
+        "tool_success": 2.0,
+        "task_completion": 10.0,
+        "efficiency": 0.5,
+        "format": 1.0,
+        "reference_answer": 20.0,
+        "host_outcome": 40.0,
+    }  # see engine.py's docstring
 
 
 def test_default_engine_includes_code_execution():
     engine = RewardEngine()
     try:
-        assert engine.names == ["code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format",
-                                "reference_answer", "host_outcome"]
+        assert engine.names == [
+            "code_execution",
+            "syntax",
+            "tool_success",
+            "task_completion",
+            "efficiency",
+            "format",
+            "reference_answer",
+            "host_outcome",
+        ]
         assert engine.weights["code_execution"] == 2.0
         from flowrl.rewards import CodeExecutionReward
 
@@ -69,8 +84,9 @@ def test_default_engine_includes_code_execution():
 
 
 def test_compute_combined_is_weighted_mean_over_values():
-    engine = RewardEngine({"a": Fixed("a", 1.0), "b": Fixed("b", 0.0), "c": Fixed("c", None)},
-                          {"a": 3.0, "b": 1.0, "c": 5.0})
+    engine = RewardEngine(
+        {"a": Fixed("a", 1.0), "b": Fixed("b", 0.0), "c": Fixed("c", None)}, {"a": 3.0, "b": 1.0, "c": 5.0}
+    )
     results = engine.compute_all(ExecutionTrace())
     assert results["c"].value is None
     assert engine.compute_combined(results) == pytest.approx(0.75)
@@ -118,8 +134,10 @@ def test_compute_for_group_on_fixture_traces(tmp_path):
 
 
 def test_broken_reward_is_an_error_not_fatal():
-    engine = RewardEngine({"ok": Fixed("ok", 1.0), "broken": Broken(), "broken_batch": BrokenBatch()},
-                          {"ok": 1.0, "broken": 1.0, "broken_batch": 1.0})
+    engine = RewardEngine(
+        {"ok": Fixed("ok", 1.0), "broken": Broken(), "broken_batch": BrokenBatch()},
+        {"ok": 1.0, "broken": 1.0, "broken_batch": 1.0},
+    )
     results = engine.compute_all(ExecutionTrace())
     assert results["broken"].value is None and "kaputt" in results["broken"].error
     assert "kaputt" in results["broken"].details["error"]  # kept with the trace's reward_details
@@ -153,8 +171,10 @@ def test_negative_weight_in_code_is_refused():
 
 def test_toml_config(tmp_path):
     path = tmp_path / "rewards.toml"
-    path.write_text('threshold = 0.7\n[rewards]\nformat = 3\n[rewards.code_execution]\nenabled = false\n'
-                    '[rewards.efficiency]\nweight = 0.25\nmax_tool_calls = 2\n')
+    path.write_text(
+        "threshold = 0.7\n[rewards]\nformat = 3\n[rewards.code_execution]\nenabled = false\n"
+        "[rewards.efficiency]\nweight = 0.25\nmax_tool_calls = 2\n"
+    )
     engine = RewardEngine.from_config(path)
     assert "code_execution" not in engine.names
     assert engine.weights["format"] == 3.0 and engine.weights["efficiency"] == 0.25
@@ -164,7 +184,9 @@ def test_toml_config(tmp_path):
 
 def test_yaml_config_with_learned_enabled(tmp_path):
     path = tmp_path / "rewards.yaml"
-    path.write_text("include_defaults: false\nrewards:\n  syntax: 1\n  learned:\n    weight: 2\n    model: models/l.json\n")
+    path.write_text(
+        "include_defaults: false\nrewards:\n  syntax: 1\n  learned:\n    weight: 2\n    model: models/l.json\n"
+    )
     engine = RewardEngine.from_config(path)
     assert engine.names == ["syntax", "learned"]
     assert engine.rewards["learned"].model_path == (tmp_path / "models" / "l.json").resolve()
@@ -182,7 +204,10 @@ def test_learned_and_judge_off_by_default(tmp_path):
         ("[rewards.syntax]\nweight = -1\n", "rewards.syntax.weight: the weight must not be negative"),
         ("[rewards]\nsyntax = -0.5\n", "rewards.syntax: the weight must not be negative"),
         ('[rewards.syntax]\nweight = "heavy"\n', "rewards.syntax.weight: the weight must be a number"),
-        ("[rewards.efficiency]\nmax_tool_call = 3\n", "rewards.efficiency.max_tool_call: the efficiency reward has no option"),
+        (
+            "[rewards.efficiency]\nmax_tool_call = 3\n",
+            "rewards.efficiency.max_tool_call: the efficiency reward has no option",
+        ),
         ("[rewards.syntax]\nenabled = 1\n", "rewards.syntax.enabled"),
         ("treshold = 0.5\n", "treshold: unknown setting"),
         ("threshold = 2\n", "threshold: use a number between 0 and 1"),

@@ -24,8 +24,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
     root = tmp_path_factory.mktemp("eval")
     base = build_tiny_model(root / "base")
     data = write_tiny_dataset(root / "sft-data", "sft")
-    cfg = TrainingConfig(method="sft", dataset=data, base_model=str(base), output_dir=root / "out", max_steps=2,
-                         learning_rate=1e-2, progress_bar=False)
+    cfg = TrainingConfig(
+        method="sft",
+        dataset=data,
+        base_model=str(base),
+        output_dir=root / "out",
+        max_steps=2,
+        learning_rate=1e-2,
+        progress_bar=False,
+    )
     TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu")).run()
     return base, root / "out", data
 
@@ -53,8 +60,10 @@ def test_prompts_come_from_the_validation_split_in_any_trl_format(tmp_path: Path
 
 def test_answer_trace_carries_query_answer_and_reference(tmp_path: Path) -> None:
     jsonl = tmp_path / "p.jsonl"
-    jsonl.write_text('{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}], '
-                     '"reference_answer": "4"}\n')
+    jsonl.write_text(
+        '{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}], '
+        '"reference_answer": "4"}\n'
+    )
     (prompt,), _ = load_prompts(jsonl)
     trace = answer_trace(prompt, "4")
     assert trace.user_query == "2+2?" and trace.final_response == "4"
@@ -79,13 +88,27 @@ def test_eval_compares_the_adapter_with_its_base_and_writes_the_report(trained: 
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_eval_cli_prints_base_and_trained_side_by_side(trained: tuple[Path, Path, Path], tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_cli_prints_base_and_trained_side_by_side(
+    trained: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flowrl.cli import main
 
     _, out, data = trained
-    code = main(["eval", "--model", str(out), "--prompts", str(data), "--out", str(tmp_path),
-                 "--max-new-tokens", "4", "--rewards", "efficiency"])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(out),
+            "--prompts",
+            str(data),
+            "--out",
+            str(tmp_path),
+            "--max-new-tokens",
+            "4",
+            "--rewards",
+            "efficiency",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "baseline" in text and "model" in text and "efficiency" in text and "combined" in text

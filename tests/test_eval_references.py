@@ -24,28 +24,40 @@ ANSWERS = {SUM: "2 + 2 = 4", CAPITAL: "It is Paris."}
 
 
 def _run(n: int, query: str, answer: str, reward: float, metadata: dict[str, str] | None = None) -> ExecutionTrace:
-    return ExecutionTrace(trace_id=f"t{n}", user_query=query, reward_score=reward, label=reward > 0.5,
-                          label_source="engine", metadata=metadata or {},
-                          messages=[{"role": "user", "content": query}, {"role": "assistant", "content": answer}])
+    return ExecutionTrace(
+        trace_id=f"t{n}",
+        user_query=query,
+        reward_score=reward,
+        label=reward > 0.5,
+        label_source="engine",
+        metadata=metadata or {},
+        messages=[{"role": "user", "content": query}, {"role": "assistant", "content": answer}],
+    )
 
 
 # "What is 2 + 2?" has no known answer: the good run's "The answer is 4." is all a builder could guess from.
 # "Capital of France?" carries the host's reference.
-RUNS = [_run(1, SUM, "The answer is 4.", 0.9), _run(2, SUM, "5", 0.1),
-        _run(3, CAPITAL, "Paris", 0.9, {"reference_answer": "Paris"}),
-        _run(4, CAPITAL, "Rome", 0.1, {"reference_answer": "Paris"})]
+RUNS = [
+    _run(1, SUM, "The answer is 4.", 0.9),
+    _run(2, SUM, "5", 0.1),
+    _run(3, CAPITAL, "Paris", 0.9, {"reference_answer": "Paris"}),
+    _run(4, CAPITAL, "Rome", 0.1, {"reference_answer": "Paris"}),
+]
 
 
 def _scores(prompts: list) -> dict[str, tuple[str | None, float | None, float | None]]:
     """Per prompt: (its reference, the reference_answer reward, the combined score) of the right answer."""
     engine = RewardEngine()
     results = engine.compute_batch([answer_trace(p, ANSWERS[p.query]) for p in prompts])
-    return {p.query: (p.reference, r["reference_answer"].value, engine.compute_combined(r))
-            for p, r in zip(prompts, results)}
+    return {
+        p.query: (p.reference, r["reference_answer"].value, engine.compute_combined(r))
+        for p, r in zip(prompts, results)
+    }
 
 
-@pytest.mark.parametrize("builder", [GRPODatasetBuilder(), KTODatasetBuilder(), DPODatasetBuilder()],
-                         ids=["grpo", "kto", "dpo"])
+@pytest.mark.parametrize(
+    "builder", [GRPODatasetBuilder(), KTODatasetBuilder(), DPODatasetBuilder()], ids=["grpo", "kto", "dpo"]
+)
 def test_eval_never_takes_a_guessed_reference_from_a_built_dataset(builder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "data"
     DatasetPipeline(builder, val_fraction=0.0).build(RUNS, out)

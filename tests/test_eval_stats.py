@@ -134,15 +134,23 @@ def test_report_flags_an_eval_json_that_does_not_recompute(tmp_path: Path) -> No
 @pytest.mark.parametrize("round_", [1, 2])
 def test_the_published_benchmark_eval_json_recomputes_to_its_own_figures(round_: int) -> None:
     """The eval.json files README and docs/benchmarks.md quote: every figure follows from the per-task outcomes."""
-    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "improve-2026-11-24" / f"round-{round_}" / "eval.json"
+    path = (
+        Path(__file__).resolve().parents[1]
+        / "docs"
+        / "results"
+        / "improve-2026-11-24"
+        / f"round-{round_}"
+        / "eval.json"
+    )
     data = read_eval_json(path)
     assert verify(data) == []
     arm = data["arms"][f"round-{round_}"]
     assert arm["n"] == 150 and arm["successes"] == {1: 17, 2: 76}[round_]
 
 
-@pytest.mark.parametrize(("name", "arms"), [("eval.json", {"base": 5, "sft": 11, "grpo": 7}),
-                                            ("grpo-vs-sft.json", {"sft": 11, "grpo": 7})])
+@pytest.mark.parametrize(
+    ("name", "arms"), [("eval.json", {"base": 5, "sft": 11, "grpo": 7}), ("grpo-vs-sft.json", {"sft": 11, "grpo": 7})]
+)
 def test_the_published_grpo_vs_sft_figures_recompute(name: str, arms: dict[str, int]) -> None:
     """docs/results/grpo-vs-sft-2026-11-24 (issue 14): the README's rates and McNemar p recompute from the outcomes."""
     path = Path(__file__).resolve().parents[1] / "docs" / "results" / "grpo-vs-sft-2026-11-24" / name

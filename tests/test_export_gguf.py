@@ -87,8 +87,9 @@ def test_transformers_reads_the_tokenizer_back(llama_dir: Path, tmp_path: Path) 
     loaded = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=out.name)
     messages = [{"role": "user", "content": "def add(a, b): return 12345"}]
     assert loaded.eos_token == "<|im_end|>"
-    assert loaded.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
-        original.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert loaded.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    ) == original.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     text = "hello <|im_start|>user\nworld<|im_end|>"
     assert loaded(text)["input_ids"] == original(text)["input_ids"]
 

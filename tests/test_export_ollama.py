@@ -33,8 +33,9 @@ def _tokenizer_dir(path: Path, template: str | None, *, eos: str = "<|im_end|>",
 
 
 def test_chatml_modelfile_has_template_system_stops_and_parameters(tmp_path: Path) -> None:
-    model_dir = _tokenizer_dir(tmp_path, tiny_tokenizer().chat_template,
-                               gen='{"temperature": 0.3, "top_p": 0.9, "repetition_penalty": 1.1}')
+    model_dir = _tokenizer_dir(
+        tmp_path, tiny_tokenizer().chat_template, gen='{"temperature": 0.3, "top_p": 0.9, "repetition_penalty": 1.1}'
+    )
     text = build_modelfile("./model-q8_0.gguf", model_dir).render()
     assert text.startswith("# Modelfile written by flowrl export\nFROM ./model-q8_0.gguf\n")
     assert f'TEMPLATE """{CHATML_TEMPLATE}"""' in text
@@ -98,7 +99,12 @@ def test_deployer_runs_ollama_create_when_present(tmp_path: Path, monkeypatch) -
     model_dir = _tokenizer_dir(tmp_path / "model", tiny_tokenizer().chat_template)
     result = OllamaDeployer("flowrl-tiny").deploy(model_dir, model_dir, tmp_path / "out")
     assert result.created and result.output == "success"
-    assert (bin_dir / "args").read_text().split() == ["create", "flowrl-tiny", "-f", str(tmp_path / "out" / "Modelfile")]
+    assert (bin_dir / "args").read_text().split() == [
+        "create",
+        "flowrl-tiny",
+        "-f",
+        str(tmp_path / "out" / "Modelfile"),
+    ]
 
 
 def test_failing_ollama_create_is_an_error(tmp_path: Path, monkeypatch) -> None:
@@ -120,11 +126,15 @@ def test_invalid_ollama_name() -> None:
 
 
 def test_use_model_points_a_flowagent_at_the_exported_model_and_back() -> None:
-    agent = SimpleNamespace(amd=SimpleNamespace(fast_llm_model="openrouter/a", complex_llm_model="openrouter/b",
-                                                api_base=None))
+    agent = SimpleNamespace(
+        amd=SimpleNamespace(fast_llm_model="openrouter/a", complex_llm_model="openrouter/b", api_base=None)
+    )
     previous = use_model(agent, ollama_model("flowrl-tiny"))
-    assert current_models(agent) == {"fast_llm_model": "ollama/flowrl-tiny", "complex_llm_model": "ollama/flowrl-tiny",
-                                     "api_base": None}
+    assert current_models(agent) == {
+        "fast_llm_model": "ollama/flowrl-tiny",
+        "complex_llm_model": "ollama/flowrl-tiny",
+        "api_base": None,
+    }
     restore_model(agent, previous)
     assert agent.amd.fast_llm_model == "openrouter/a" and agent.amd.complex_llm_model == "openrouter/b"
 
@@ -171,8 +181,12 @@ CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}],
     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2?"}],
-    [{"role": "system", "content": "S"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-     {"role": "user", "content": "c"}],
+    [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ],
 ]
 
 
@@ -193,8 +207,13 @@ def test_go_template_renders_like_the_jinja_template(tmp_path: Path, jinja: str)
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = template
     (tmp_path / "render.go").write_text(GO_RENDER)
-    env = {"HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"), "GOFLAGS": "-mod=mod",
-           "PATH": os.environ["PATH"], "GO111MODULE": "off"}
+    env = {
+        "HOME": str(tmp_path),
+        "GOCACHE": str(tmp_path / "gocache"),
+        "GOFLAGS": "-mod=mod",
+        "PATH": os.environ["PATH"],
+        "GO111MODULE": "off",
+    }
     binary = tmp_path / "render"
     subprocess.run([go, "build", "-o", str(binary), str(tmp_path / "render.go")], check=True, env=env, cwd=tmp_path)
     for messages in CONVERSATIONS:
@@ -202,11 +221,18 @@ def test_go_template_renders_like_the_jinja_template(tmp_path: Path, jinja: str)
         if jinja == "llama3":  # BOS comes from the tokenizer (add_bos_token), not from Ollama's template
             expected = expected.removeprefix(tokenizer.bos_token)
         # Ollama: the Modelfile SYSTEM becomes a system message when the request has none; .System joins them
-        sent = messages if messages[0]["role"] == "system" or not spec.system else \
-            [{"role": "system", "content": spec.system}, *messages]
+        sent = (
+            messages
+            if messages[0]["role"] == "system" or not spec.system
+            else [{"role": "system", "content": spec.system}, *messages]
+        )
         system = "\n\n".join(m["content"] for m in sent if m["role"] == "system")
-        payload = {"Template": spec.template, "System": system,
-                   "Messages": [{"Role": m["role"], "Content": m["content"]} for m in sent]}
-        rendered = subprocess.run([str(binary)], input=json.dumps(payload), capture_output=True, text=True,
-                                  check=True).stdout
+        payload = {
+            "Template": spec.template,
+            "System": system,
+            "Messages": [{"Role": m["role"], "Content": m["content"]} for m in sent],
+        }
+        rendered = subprocess.run(
+            [str(binary)], input=json.dumps(payload), capture_output=True, text=True, check=True
+        ).stdout
         assert rendered == expected, messages

@@ -49,7 +49,9 @@ def test_merge_folds_the_adapter_into_the_base(adapter_dir: Path, tmp_path: Path
     from transformers import AutoModelForCausalLM
 
     with _t.no_grad():
-        peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=_t.float32), str(adapter_dir))
+        peft_model = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base, dtype=_t.float32), str(adapter_dir)
+        )
         expected = peft_model(_t.tensor([[5, 17, 42, 99, 3]])).logits
     assert torch.allclose(merged, expected, atol=1e-4)
     assert not list(tmp_path.glob(".*partial*"))
@@ -70,7 +72,9 @@ def test_pipeline_exports_a_verified_gguf_and_a_modelfile(adapter_dir: Path, tmp
     assert any("verifying" in s for s in steps)
 
 
-def test_pipeline_safetensors_format_points_the_modelfile_at_the_merged_folder(adapter_dir: Path, tmp_path: Path) -> None:
+def test_pipeline_safetensors_format_points_the_modelfile_at_the_merged_folder(
+    adapter_dir: Path, tmp_path: Path
+) -> None:
     result = ExportPipeline(adapter_dir, tmp_path / "out", format="safetensors").run()
     assert result.gguf_path is None and result.verification is None
     assert "FROM ./merged" in (tmp_path / "out" / "Modelfile").read_text()
@@ -88,8 +92,19 @@ def test_failed_verification_keeps_no_usable_gguf(adapter_dir: Path, tmp_path: P
 
 
 def test_cli_export_end_to_end(adapter_dir: Path, tmp_path: Path, capsys) -> None:
-    code = main(["export", "--model", str(adapter_dir), "--out", str(tmp_path / "out"), "--quant", "q4_0",
-                 "--ollama", "flowrl-tiny"])
+    code = main(
+        [
+            "export",
+            "--model",
+            str(adapter_dir),
+            "--out",
+            str(tmp_path / "out"),
+            "--quant",
+            "q4_0",
+            "--ollama",
+            "flowrl-tiny",
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "verified" in text and "q4_0" in text

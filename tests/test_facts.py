@@ -28,8 +28,10 @@ from flowrl.store import TraceStore
 from tests.fakes import flushed
 
 EXEC_FAILED = "{'success': False, 'output': '', 'error': \"NameError: name 'x' is not defined\"}"  # exec_code's own
-TRACEBACK = ("{'success': True, 'output': 'Traceback (most recent call last):\\n  File \"<cell>\", line 1\\n"
-             "ZeroDivisionError: division by zero', 'error': None}")
+TRACEBACK = (
+    "{'success': True, 'output': 'Traceback (most recent call last):\\n  File \"<cell>\", line 1\\n"
+    "ZeroDivisionError: division by zero', 'error': None}"
+)
 ERROR = "Error: file not found"
 REPORTED_OK_BUT_FAILED = "Error executing fetch_stock: timeout"  # FlowAgent's obs said "ok"
 OK = "{'success': True, 'output': '4', 'error': None}"
@@ -38,12 +40,22 @@ OK = "{'success': True, 'output': '4', 'error': None}"
 # -- 1. tool failed ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("result", "failed"), [
-    (EXEC_FAILED, True), ('{"success": false, "output": ""}', True), ({"success": False}, True),
-    (TRACEBACK, True), (ERROR, True), (REPORTED_OK_BUT_FAILED, True), ("System-Error: Invalid JSON", True),
-    ("{'error': 'ValueError: tool broke'}", True),  # TRL's tool loop, for a tool that raised
-    (OK, False), ("The error rate was 2%", False), ("{'output': 'success: False is a string here'}", False),
-])
+@pytest.mark.parametrize(
+    ("result", "failed"),
+    [
+        (EXEC_FAILED, True),
+        ('{"success": false, "output": ""}', True),
+        ({"success": False}, True),
+        (TRACEBACK, True),
+        (ERROR, True),
+        (REPORTED_OK_BUT_FAILED, True),
+        ("System-Error: Invalid JSON", True),
+        ("{'error': 'ValueError: tool broke'}", True),  # TRL's tool loop, for a tool that raised
+        (OK, False),
+        ("The error rate was 2%", False),
+        ("{'output': 'success: False is a string here'}", False),
+    ],
+)
 def test_result_failed(result: Any, failed: bool) -> None:
     assert facts.result_failed(result) is failed
 
@@ -60,24 +72,41 @@ def test_tool_failed_needs_a_result_a_flag_or_an_error() -> None:
 
 
 def _fa(success: Any, answer: str = "done") -> list[dict[str, Any]]:
-    return [{"role": "user", "content": "q"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "f1", "type": "function", "function": {
-                "name": "final_answer", "arguments": json.dumps({"answer": answer, "success": success})}}]}]
+    return [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "f1",
+                    "type": "function",
+                    "function": {
+                        "name": "final_answer",
+                        "arguments": json.dumps({"answer": answer, "success": success}),
+                    },
+                }
+            ],
+        },
+    ]
 
 
-@pytest.mark.parametrize(("kwargs", "value", "source"), [
-    ({"final_response": "Error: something broke", "status": "completed"}, 0.0, "error_answer"),
-    ({"final_response": "<think>hm</think>\nSystem-Error: bad call", "success": True}, 0.0, "error_answer"),
-    ({"final_response": "partial", "status": "max_iterations", "success": True}, 0.0, "status"),
-    ({"final_response": "ok", "status": "canceled"}, 0.0, "status"),
-    ({"final_response": "ok", "status": "running"}, None, "unfinished"),
-    ({"messages": _fa(False), "status": "completed"}, 0.0, "final_answer.success"),
-    ({"messages": _fa("true"), "success": False}, 1.0, "final_answer.success"),
-    ({"final_response": "ok", "success": False}, 0.0, "trace.success"),
-    ({"final_response": "ok", "tasks_completed": [{}], "tasks_failed": [{}, {}]}, 1 / 3, "tasks"),
-    ({"final_response": "ok", "status": "completed"}, 1.0, "status"),
-    ({"final_response": "just text"}, None, "none"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "value", "source"),
+    [
+        ({"final_response": "Error: something broke", "status": "completed"}, 0.0, "error_answer"),
+        ({"final_response": "<think>hm</think>\nSystem-Error: bad call", "success": True}, 0.0, "error_answer"),
+        ({"final_response": "partial", "status": "max_iterations", "success": True}, 0.0, "status"),
+        ({"final_response": "ok", "status": "canceled"}, 0.0, "status"),
+        ({"final_response": "ok", "status": "running"}, None, "unfinished"),
+        ({"messages": _fa(False), "status": "completed"}, 0.0, "final_answer.success"),
+        ({"messages": _fa("true"), "success": False}, 1.0, "final_answer.success"),
+        ({"final_response": "ok", "success": False}, 0.0, "trace.success"),
+        ({"final_response": "ok", "tasks_completed": [{}], "tasks_failed": [{}, {}]}, 1 / 3, "tasks"),
+        ({"final_response": "ok", "status": "completed"}, 1.0, "status"),
+        ({"final_response": "just text"}, None, "none"),
+    ],
+)
 def test_outcome_rule(kwargs: dict[str, Any], value: float | None, source: str) -> None:
     outcome = facts.run_outcome(ExecutionTrace(**kwargs))
     assert (outcome.value, outcome.source) == (value, source)
@@ -115,12 +144,18 @@ def test_reference_one_list_one_order_and_a_guess_is_never_a_reference() -> None
 # -- 5. label ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("score", "label", "source", "expected"), [
-    (0.55, None, None, (False, "threshold")), (0.6, None, None, (True, "threshold")),
-    (0.65, None, None, (True, "threshold")), (0.55, True, "manual", (True, "manual")),
-    (0.65, False, "manual", (False, "manual")), (0.65, False, "engine", (False, "engine")),
-    (None, None, None, (None, "none")),
-])
+@pytest.mark.parametrize(
+    ("score", "label", "source", "expected"),
+    [
+        (0.55, None, None, (False, "threshold")),
+        (0.6, None, None, (True, "threshold")),
+        (0.65, None, None, (True, "threshold")),
+        (0.55, True, "manual", (True, "manual")),
+        (0.65, False, "manual", (False, "manual")),
+        (0.65, False, "engine", (False, "engine")),
+        (None, None, None, (None, "none")),
+    ],
+)
 def test_label_rule(score: float | None, label: bool | None, source: str | None, expected: tuple[Any, str]) -> None:
     trace = ExecutionTrace(reward_score=score, label=label, label_source=source)
     assert facts.label_at(trace) == expected
@@ -141,10 +176,18 @@ def test_label_gate_and_explicit_threshold() -> None:
 
 
 def test_upgrade_to_v3_rejudges_tools_and_fills_the_facts() -> None:
-    old = {"schema_version": 2, "trace_id": "old", "user_query": "What is 2+2?", "final_response": "4",
-           "status": "completed", "metadata": {"reference_answer": "4"},
-           "tool_calls": [{"tool_name": "exec_code", "result": EXEC_FAILED, "success": True, "call_id": "c1"},
-                          {"tool_name": "exec_code", "result": OK, "success": True, "call_id": "c2"}]}
+    old = {
+        "schema_version": 2,
+        "trace_id": "old",
+        "user_query": "What is 2+2?",
+        "final_response": "4",
+        "status": "completed",
+        "metadata": {"reference_answer": "4"},
+        "tool_calls": [
+            {"tool_name": "exec_code", "result": EXEC_FAILED, "success": True, "call_id": "c1"},
+            {"tool_name": "exec_code", "result": OK, "success": True, "call_id": "c2"},
+        ],
+    }
     t = load_trace(old)
     assert t.schema_version == SCHEMA_VERSION == 3
     assert [c.success for c in t.tool_calls] == [False, True]
@@ -167,7 +210,9 @@ def test_stored_run_facts_are_read_and_task_facts_follow_the_host(tmp_path: Path
     again = store.get("t1")
     assert again.facts is not None and (again.facts.task_key, again.facts.reference_answer) == ("add-2-2", "4")
     # run facts come from the stored copy (decided once, when the run was stored)
-    stored = again.model_copy(update={"facts": again.facts.model_copy(update={"outcome": 0.0, "outcome_source": "status"})})
+    stored = again.model_copy(
+        update={"facts": again.facts.model_copy(update={"outcome": 0.0, "outcome_source": "status"})}
+    )
     assert TaskCompletionReward().score(stored).value == 0.0
 
 
@@ -207,38 +252,105 @@ def test_capture_stores_exec_codes_failure_shape_as_a_failure(tmp_path: Path) ->
 
 def _old(trace_id: str, query: str, calls: list[str], *, final: str = "4", **fields: Any) -> ExecutionTrace:
     """A trace as an older flowrl stored it (schema 2, every tool call's `success` trusted), loaded now."""
-    data = {"schema_version": 2, "trace_id": trace_id, "timestamp": "2026-11-20T10:00:00", "user_query": query,
-            "final_response": final,
-            "tool_calls": [{"tool_name": "exec_code", "arguments": {"code": str(i)}, "result": r, "success": True,
-                            "call_id": f"{trace_id}-{i}"} for i, r in enumerate(calls)], **fields}
+    data = {
+        "schema_version": 2,
+        "trace_id": trace_id,
+        "timestamp": "2026-11-20T10:00:00",
+        "user_query": query,
+        "final_response": final,
+        "tool_calls": [
+            {
+                "tool_name": "exec_code",
+                "arguments": {"code": str(i)},
+                "result": r,
+                "success": True,
+                "call_id": f"{trace_id}-{i}",
+            }
+            for i, r in enumerate(calls)
+        ],
+        **fields,
+    }
     return load_trace(data)
 
 
 def _corpus() -> list[ExecutionTrace]:
-    fa_false = [{"role": "user", "content": "Fetch the stock price."},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "s1", "type": "function", "function": {
-                    "name": "fetch_stock", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": "s1", "name": "fetch_stock", "content": REPORTED_OK_BUT_FAILED},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "f1", "type": "function", "function": {
-                    "name": "final_answer", "arguments": '{"answer": "I could not fetch it.", "success": false}'}}]}]
+    fa_false = [
+        {"role": "user", "content": "Fetch the stock price."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "s1", "type": "function", "function": {"name": "fetch_stock", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "s1", "name": "fetch_stock", "content": REPORTED_OK_BUT_FAILED},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "f1",
+                    "type": "function",
+                    "function": {
+                        "name": "final_answer",
+                        "arguments": '{"answer": "I could not fetch it.", "success": false}',
+                    },
+                }
+            ],
+        },
+    ]
     return [
-        _old("sum-a", "What is 2+2?", [EXEC_FAILED, OK], status="completed", metadata={"reference_answer": "4"},
-             reward_score=0.6),
-        _old("sum-b", "what is 2+2", [TRACEBACK], final="5", status="completed", reward_score=0.55,
-             metadata={"reference_answer": "4"}),
+        _old(
+            "sum-a",
+            "What is 2+2?",
+            [EXEC_FAILED, OK],
+            status="completed",
+            metadata={"reference_answer": "4"},
+            reward_score=0.6,
+        ),
+        _old(
+            "sum-b",
+            "what is 2+2",
+            [TRACEBACK],
+            final="5",
+            status="completed",
+            reward_score=0.55,
+            metadata={"reference_answer": "4"},
+        ),
         _old("read", "Read the file.", [ERROR], final="Error: file not found", status="completed"),
         _old("hello", "Say hello.", [OK], final="Hello!", status="completed", reward_score=0.65),
-        load_trace({"schema_version": 2, "trace_id": "stock", "user_query": "Fetch the stock price.",
-                    "status": "completed", "messages": fa_false, "reward_score": 0.65,
-                    "rewards": {"task_completion": 0.0, "format": 1.0},
-                    "tool_calls": [{"tool_name": "fetch_stock", "result": REPORTED_OK_BUT_FAILED, "success": True,
-                                    "call_id": "s1"}]}),
+        load_trace(
+            {
+                "schema_version": 2,
+                "trace_id": "stock",
+                "user_query": "Fetch the stock price.",
+                "status": "completed",
+                "messages": fa_false,
+                "reward_score": 0.65,
+                "rewards": {"task_completion": 0.0, "format": 1.0},
+                "tool_calls": [
+                    {"tool_name": "fetch_stock", "result": REPORTED_OK_BUT_FAILED, "success": True, "call_id": "s1"}
+                ],
+            }
+        ),
         # built in memory (no stored facts): the same rules, decided on the spot
-        ExecutionTrace(trace_id="guess", user_query="Name a prime.", final_response="7", status="completed",
-                       reward_score=0.65, label=False, label_source="manual",
-                       metadata={"grpo_columns": {"reference_answer": "7", "reference_source": "best_trace"}}),
-        ExecutionTrace(trace_id="manual", user_query="Name an even prime.", final_response="2", success=True,
-                       reward_score=0.55, label=True, label_source="manual"),
+        ExecutionTrace(
+            trace_id="guess",
+            user_query="Name a prime.",
+            final_response="7",
+            status="completed",
+            reward_score=0.65,
+            label=False,
+            label_source="manual",
+            metadata={"grpo_columns": {"reference_answer": "7", "reference_source": "best_trace"}},
+        ),
+        ExecutionTrace(
+            trace_id="manual",
+            user_query="Name an even prime.",
+            final_response="2",
+            success=True,
+            reward_score=0.55,
+            label=True,
+            label_source="manual",
+        ),
     ]
 
 
@@ -265,8 +377,15 @@ def test_every_consumer_agrees(tmp_path: Path) -> None:
 
     # 2. outcome: task_completion, the stored fact and the report
     outcomes = {t.trace_id: facts.run_outcome(t) for t in traces}
-    assert {k: o.value for k, o in outcomes.items()} == {"sum-a": 1.0, "sum-b": 1.0, "read": 0.0, "hello": 1.0,
-                                                         "stock": 0.0, "guess": 1.0, "manual": 1.0}
+    assert {k: o.value for k, o in outcomes.items()} == {
+        "sum-a": 1.0,
+        "sum-b": 1.0,
+        "read": 0.0,
+        "hello": 1.0,
+        "stock": 0.0,
+        "guess": 1.0,
+        "manual": 1.0,
+    }
     for t in traces:
         assert TaskCompletionReward().score(t).value == outcomes[t.trace_id].value
         assert facts.compute_outcome(t).value == outcomes[t.trace_id].value
@@ -297,8 +416,19 @@ def test_every_consumer_agrees(tmp_path: Path) -> None:
     assert ReferenceAnswerReward().score(by_id["guess"]).value is None
     assert (rows["sum-a"]["reference_answer"], rows["sum-a"]["reference_source"]) == ("4", "metadata")
     jsonl = tmp_path / "prompts.jsonl"
-    jsonl.write_text("".join(json.dumps({"prompt": r["prompt"], "reference_answer": r["reference_answer"],
-                                         "reference_source": r["reference_source"]}) + "\n" for r in grpo["train"]))
+    jsonl.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt": r["prompt"],
+                    "reference_answer": r["reference_answer"],
+                    "reference_source": r["reference_source"],
+                }
+            )
+            + "\n"
+            for r in grpo["train"]
+        )
+    )
     prompts, _ = load_prompts(jsonl)
     by_query = {p.query: p for p in prompts}
     for t in traces:
@@ -307,16 +437,26 @@ def test_every_consumer_agrees(tmp_path: Path) -> None:
             continue
         prompt = by_query[t.user_query]
         assert prompt.reference == facts.reference(t).answer  # a best_trace guess is None for eval too
-        assert ReferenceAnswerReward().score(answer_trace(prompt, t.final_response)).value == \
-            ReferenceAnswerReward().score(t).value
+        assert (
+            ReferenceAnswerReward().score(answer_trace(prompt, t.final_response)).value
+            == ReferenceAnswerReward().score(t).value
+        )
 
     # 5. label: the engine, the dataset rows and the report
     labels = {t.trace_id: facts.label_at(t) for t in traces}
-    assert labels == {"sum-a": (True, "threshold"), "sum-b": (False, "threshold"), "read": (None, "none"),
-                      "hello": (True, "threshold"), "stock": (False, "threshold"), "guess": (False, "manual"),
-                      "manual": (True, "manual")}
-    engine = RewardEngine({"task_completion": TaskCompletionReward(), "tool_success": ToolSuccessReward()},
-                          {"task_completion": 10.0, "tool_success": 2.0})
+    assert labels == {
+        "sum-a": (True, "threshold"),
+        "sum-b": (False, "threshold"),
+        "read": (None, "none"),
+        "hello": (True, "threshold"),
+        "stock": (False, "threshold"),
+        "guess": (False, "manual"),
+        "manual": (True, "manual"),
+    }
+    engine = RewardEngine(
+        {"task_completion": TaskCompletionReward(), "tool_success": ToolSuccessReward()},
+        {"task_completion": 10.0, "tool_success": 2.0},
+    )
     for t in traces:
         if facts.is_manual_label(t):
             continue
@@ -326,10 +466,15 @@ def test_every_consumer_agrees(tmp_path: Path) -> None:
             assert engine.get_binary_label(t.reward_score) is labels[t.trace_id][0]
         # scored now, as `flowrl score` does, but without writing the label: the fallback gives the engine's
         results = engine.compute_all(t)
-        scored = t.model_copy(update={"rewards": {n: r.value for n, r in results.items()},
-                                      "reward_score": engine.compute_combined(results)})
+        scored = t.model_copy(
+            update={
+                "rewards": {n: r.value for n, r in results.items()},
+                "reward_score": engine.compute_combined(results),
+            }
+        )
         assert facts.label_at(scored)[0] is engine.get_binary_label(results)
     kto = DatasetPipeline(KTODatasetBuilder(), val_fraction=0.0).to_dataset_dict(traces)
     assert {r["trace_id"]: r["label"] for r in kto["train"]} == {k: v[0] for k, v in labels.items() if v[0] is not None}
-    assert m.labels == Counter("unlabelled" if v[0] is None else f"{'good' if v[0] else 'bad'} ({v[1]})"
-                               for v in labels.values())
+    assert m.labels == Counter(
+        "unlabelled" if v[0] is None else f"{'good' if v[0] else 'bad'} ({v[1]})" for v in labels.values()
+    )

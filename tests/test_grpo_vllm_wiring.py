@@ -19,8 +19,9 @@ from flowrl.train.config import TrainingConfig
 from flowrl.train.hardware import HardwareInfo, resolve_settings
 from flowrl.train.trainers import check_vllm, trl_config_kwargs
 
-GPU = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_names=("H100",), gpu_memory_gb=(80.0,), bf16=True,
-                   fp16=True, bitsandbytes=True)
+GPU = HardwareInfo(
+    accelerator="cuda", gpu_count=1, gpu_names=("H100",), gpu_memory_gb=(80.0,), bf16=True, fp16=True, bitsandbytes=True
+)
 CPU = HardwareInfo(accelerator="cpu", cpu_count=2)
 
 
@@ -62,25 +63,37 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, reply: list[int]) -> tuple[Any, 
         def generate(self, prompts: list[dict], sampling_params: Any, use_tqdm: bool) -> list[Any]:
             calls.append((prompts, sampling_params))
             steps = [_Step({t: SimpleNamespace(logprob=-0.5 - i, rank=1)}) for i, t in enumerate(reply)]
-            return [SimpleNamespace(prompt_token_ids=prompts[0]["prompt_token_ids"],
-                                    outputs=[SimpleNamespace(token_ids=tuple(reply), logprobs=steps)])]
+            return [
+                SimpleNamespace(
+                    prompt_token_ids=prompts[0]["prompt_token_ids"],
+                    outputs=[SimpleNamespace(token_ids=tuple(reply), logprobs=steps)],
+                )
+            ]
 
     return LLM(), calls
 
 
 def test_agent_turns_generate_on_the_colocated_engine_with_ids_in_and_logprobs_out(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _, tokenizer = tiny_model_and_tokenizer()
     eos = tokenizer.eos_token_id
     llm, calls = _fake_vllm(monkeypatch, [7, 8, eos])
     trainer = SimpleNamespace(
-        model_wrapped=None, accelerator=None, generation_kwargs={}, processing_class=tokenizer, temperature=0.7,
-        generation_config=None, eos_token_ids=[eos], use_vllm=True,
+        model_wrapped=None,
+        accelerator=None,
+        generation_kwargs={},
+        processing_class=tokenizer,
+        temperature=0.7,
+        generation_config=None,
+        eos_token_ids=[eos],
+        use_vllm=True,
         vllm_generation=SimpleNamespace(mode="colocate", llm=llm),
-        args=SimpleNamespace(vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False))
+        args=SimpleNamespace(vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False),
+    )
     backend = PolicyBackend.from_trainer(trainer, max_new_tokens=16).episode(episode_tokens=None, max_turns=3)
     reply = backend.complete([{"role": "user", "content": "hi"}])
-    (prompts, params), = calls
+    ((prompts, params),) = calls
     assert prompts[0]["prompt_token_ids"] == reply.prompt_token_ids
     assert (params.temperature, params.max_tokens, params.logprobs, params.n) == (0.7, 16, 0, 1)
     assert eos in params.stop_token_ids
@@ -90,8 +103,10 @@ def test_agent_turns_generate_on_the_colocated_engine_with_ids_in_and_logprobs_o
 
 def test_colocated_engine_refuses_what_a_per_turn_generate_cannot_do() -> None:
     def trainer(mode: str = "colocate", tp: int = 1, sleep: bool = False) -> Any:
-        return SimpleNamespace(vllm_generation=SimpleNamespace(mode=mode, llm="engine"),
-                               args=SimpleNamespace(vllm_tensor_parallel_size=tp, vllm_enable_sleep_mode=sleep))
+        return SimpleNamespace(
+            vllm_generation=SimpleNamespace(mode=mode, llm="engine"),
+            args=SimpleNamespace(vllm_tensor_parallel_size=tp, vllm_enable_sleep_mode=sleep),
+        )
 
     assert colocated_vllm(trainer()) == "engine"
     with pytest.raises(FlowRLError, match="colocate"):

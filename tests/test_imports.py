@@ -22,14 +22,22 @@ def package_graph() -> dict[str, set[str]]:
         module = ".".join(rel.parts).removesuffix(".__init__")
         source = _package(module)
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-                       for n in ast.walk(block)}
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for n in ast.walk(block)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:  # annotations only: never imported at run time
                 continue
             names: list[str] = []
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("flowrl.") \
-                    and " " not in node.value:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("flowrl.")
+                and " " not in node.value
+            ):
                 names = [node.value]  # lazy-export tables name modules as strings: imported on first use
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -37,8 +45,9 @@ def package_graph() -> dict[str, set[str]]:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             for name in names:
                 if name.startswith("flowrl.") and (target := _package(name)) != source:
-                    if (ROOT.parent / Path(*target.split("."))).exists() or \
-                            (ROOT.parent / (Path(*target.split(".")).as_posix() + ".py")).exists():
+                    if (ROOT.parent / Path(*target.split("."))).exists() or (
+                        ROOT.parent / (Path(*target.split(".")).as_posix() + ".py")
+                    ).exists():
                         graph[source].add(target)
     return graph
 
@@ -51,7 +60,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                found.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()

@@ -50,10 +50,20 @@ HELD = [Task(f"h{i}", f"What is {i} times 3?", str(i * 3)) for i in range(100, 1
 
 def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny")
-    cfg = ImproveConfig(out=tmp_path / "out", rounds=1, samples=2, base_model=str(model), max_steps=1,
-                        control="unfiltered", concurrency=4, hook_options={"run_methods": ["a_run"]})
+    cfg = ImproveConfig(
+        out=tmp_path / "out",
+        rounds=1,
+        samples=2,
+        base_model=str(model),
+        max_steps=1,
+        control="unfiltered",
+        concurrency=4,
+        hook_options={"run_methods": ["a_run"]},
+    )
     stages: list[tuple[str, str]] = []
-    (result,) = improve(lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, on_stage=lambda s, m: stages.append((s, m)))
+    (result,) = improve(
+        lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, on_stage=lambda s, m: stages.append((s, m))
+    )
     assert result.collected == 16 and result.right == 8
     data = json.loads(result.eval_path.read_text())
     assert verify(data) == []
@@ -72,8 +82,10 @@ def _check_secondary(out: Path, arms: list[str]) -> None:
     from flowrl.store import TraceStore
 
     secondary = json.loads((out / "round-1" / "rewards.json").read_text())["rewards"]
-    runs = {arm: {t.session_id[len("eval-"):]: t.rewards for t in TraceStore(out / "eval-traces" / arm).iter_traces()}
-            for arm in arms}
+    runs = {
+        arm: {t.session_id[len("eval-") :]: t.rewards for t in TraceStore(out / "eval-traces" / arm).iter_traces()}
+        for arm in arms
+    }
     assert secondary and any(entry["n"] == len(HELD) for entry in secondary.values())
     for name, entry in secondary.items():
         shared = [h.task_id for h in HELD if all(runs[arm].get(h.task_id, {}).get(name) is not None for arm in arms)]
@@ -84,8 +96,13 @@ def _check_secondary(out: Path, arms: list[str]) -> None:
 
 
 def test_a_round_with_nothing_right_stops_with_one_line(tmp_path: Path) -> None:
-    cfg = ImproveConfig(out=tmp_path / "out", samples=1, base_model=str(tmp_path), concurrency=2,
-                        hook_options={"run_methods": ["a_run"]})
+    cfg = ImproveConfig(
+        out=tmp_path / "out",
+        samples=1,
+        base_model=str(tmp_path),
+        concurrency=2,
+        hook_options={"run_methods": ["a_run"]},
+    )
     odd = [t for t in TRAIN if int(t.task_id[1:]) % 2]
     with pytest.raises(ImproveError, match="no run was graded right.*raise --samples"):
         improve(lambda p: ScriptedAgent(p), odd, HELD, grade, cfg)
@@ -101,8 +118,24 @@ def test_flowrl_eval_runs_the_agent_loop_and_writes_a_verifiable_eval_json(tmp_p
 
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "eval.json"
-    assert main(["eval", "--agent", "example", "--model", str(model), "--eval-tasks", "3", "--json", str(out),
-                 "--concurrency", "3"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--agent",
+                "example",
+                "--model",
+                str(model),
+                "--eval-tasks",
+                "3",
+                "--json",
+                str(out),
+                "--concurrency",
+                "3",
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert verify(data) == [] and list(data["arms"]) == ["base"] and data["arms"]["base"]["n"] == 3
     secondary = json.loads((tmp_path / "eval.rewards.json").read_text())["rewards"]

@@ -16,8 +16,11 @@ from flowrl.store import TraceStore
 AGENT = "sample_agent"
 QUERIES = {
     "2c4cbe40": ("coding", "What is the sum of squares from 1 to 10?", "The sum of squares from 1 to 10 is 385."),
-    "abb7cda3": ("research", "What's the weather in Berlin and the current ACME stock price?",
-                 "Berlin: 21C and sunny. I could not get the ACME quote because the quote service is unreachable."),
+    "abb7cda3": (
+        "research",
+        "What's the weather in Berlin and the current ACME stock price?",
+        "Berlin: 21C and sunny. I could not get the ACME quote because the quote service is unreachable.",
+    ),
     "f90efd19": ("coding", "And the sum of cubes?", "The sum of cubes from 1 to 10 is 3025 (= 55^2)."),
 }
 
@@ -74,8 +77,9 @@ def test_traces_match_toolboxv2s_own_rendering(data_dir: Path, flowagent_fixture
         t = traces[run_id]
         assert t.user_query == exp["user_query"]
         assert t.final_response == exp["final_response"]
-        assert [(c.tool_name, c.arguments, c.result, c.success) for c in t.tool_calls] == \
-            [(c["tool_name"], c["arguments"], c["result"], c["success"]) for c in exp["tool_calls"]]
+        assert [(c.tool_name, c.arguments, c.result, c.success) for c in t.tool_calls] == [
+            (c["tool_name"], c["arguments"], c["result"], c["success"]) for c in exp["tool_calls"]
+        ]
         assert [r.content for r in t.reasoning_steps] == [r["content"] for r in exp["reasoning_steps"]]
         assert (t.total_tokens_in, t.total_tokens_out) == (exp["total_tokens_in"], exp["total_tokens_out"])
         assert t.execution_duration_ms == pytest.approx(exp["execution_duration_ms"])
@@ -89,8 +93,11 @@ def test_honest_tool_success_and_model_reported_success(data_dir: Path) -> None:
     assert cubes[0].tool_name == "exec_code" and cubes[0].success is False  # obs said "ok", result has a traceback
     assert "IndexError" in cubes[0].result and cubes[1].success is True
     research = traces["abb7cda3"]
-    assert {c.tool_name: c.success for c in research.tool_calls} == {"load_tools": True, "get_weather": True,
-                                                                      "fetch_stock": False}
+    assert {c.tool_name: c.success for c in research.tool_calls} == {
+        "load_tools": True,
+        "get_weather": True,
+        "fetch_stock": False,
+    }
     assert research.success is False and traces["2c4cbe40"].success is True
     assert [c.call_id for c in research.tool_calls] == ["call_4", "call_5", "call_6"]
     assert research.tool_calls[2].duration_ms == pytest.approx(0.9)
@@ -118,7 +125,10 @@ def test_statistics_are_not_spread_over_turns(copy_agents: Path) -> None:
     for t in traces:
         assert (t.total_tokens_in, t.total_tokens_out, t.total_cost, t.llm_calls_count) == (None, None, None, None)
         assert t.success is None and t.tool_calls == []
-        assert t.messages == [{"role": "user", "content": t.user_query}, {"role": "assistant", "content": t.final_response}]
+        assert t.messages == [
+            {"role": "user", "content": t.user_query},
+            {"role": "assistant", "content": t.final_response},
+        ]
 
 
 def test_obs_only_then_checkpoints_collapse_into_the_same_traces(copy_agents: Path, tmp_path: Path) -> None:
@@ -165,8 +175,12 @@ def test_reingest_adds_nothing(data_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("which", ["agents", "checkpoint_dir", "single_pkl", "obs_file"])
 def test_every_kind_of_path(which: str, agents: Path, data_dir: Path) -> None:
     cp_dir = agents / "checkpoint" / AGENT
-    path = {"agents": agents, "checkpoint_dir": cp_dir, "single_pkl": sorted(cp_dir.glob("*.pkl"))[0],
-            "obs_file": agents / AGENT / "obs" / "run_abb7cda3.json"}[which]
+    path = {
+        "agents": agents,
+        "checkpoint_dir": cp_dir,
+        "single_pkl": sorted(cp_dir.glob("*.pkl"))[0],
+        "obs_file": agents / AGENT / "obs" / "run_abb7cda3.json",
+    }[which]
     traces = CheckpointLoader(path).load()
     expected = {"agents": 3, "checkpoint_dir": 3, "single_pkl": 1, "obs_file": 1}[which]
     assert len(traces) == expected

@@ -34,9 +34,18 @@ def _pairs(traces) -> set[tuple[str, str]]:
 
 def test_auto_resumed_turn_gets_the_real_follow_up_query_from_obs(tmp_path: Path) -> None:
     samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(AGENT, {"s": _resumed_history()}))
-    samples.write_obs_run(_obs_dir(tmp_path), samples.obs_run(
-        RUN, AGENT, "s", Q1, A1, tools=[("get_weather", {"city": "Paris"}, "Paris: 18C, cloudy")],
-        followups=[(Q2, A2, [("get_weather", {"city": "Rome"}, "Rome: 25C, sunny")])]))
+    samples.write_obs_run(
+        _obs_dir(tmp_path),
+        samples.obs_run(
+            RUN,
+            AGENT,
+            "s",
+            Q1,
+            A1,
+            tools=[("get_weather", {"city": "Paris"}, "Paris: 18C, cloudy")],
+            followups=[(Q2, A2, [("get_weather", {"city": "Rome"}, "Rome: 25C, sunny")])],
+        ),
+    )
     traces = CheckpointLoader(tmp_path).load()
     assert _pairs(traces) == {(Q1, A1), (Q2, A2)}
     by_query = {t.user_query: t for t in traces}
@@ -78,8 +87,9 @@ def test_lag_the_newest_run_is_missing_from_the_checkpoint(tmp_path: Path) -> No
     """The checkpoint written at the end of a run usually lacks it (background commit); obs has it."""
     store = TraceStore(tmp_path / "store")
     src = tmp_path / "in"
-    samples.write_checkpoint(_cp_dir(src), samples.v2_checkpoint(AGENT, {"s": samples.turn(Q1, A1, "11110001")}),
-                             stamp="20261122_100000")
+    samples.write_checkpoint(
+        _cp_dir(src), samples.v2_checkpoint(AGENT, {"s": samples.turn(Q1, A1, "11110001")}), stamp="20261122_100000"
+    )
     samples.write_obs_run(_obs_dir(src), samples.obs_run("11110001", AGENT, "s", Q1, A1))
     samples.write_obs_run(_obs_dir(src), samples.obs_run("11110002", AGENT, "s", Q2, A2))
     first = ingest_paths([src], store)
@@ -103,14 +113,21 @@ def test_incomplete_commit_and_sidecar_question_are_not_turns(tmp_path: Path) ->
     store = TraceStore(tmp_path / "store")
     sidecar = [{"role": "user", "content": "Is it done yet?"}]
     partial = samples.turn(Q2, A2, "bbbb0002")[:2]  # user + RUN SUMMARY, the answer not yet appended
-    samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(
-        AGENT, {"s": sidecar + samples.turn(Q1, A1, "bbbb0001") + partial}), stamp="20261122_100000")
+    samples.write_checkpoint(
+        _cp_dir(tmp_path),
+        samples.v2_checkpoint(AGENT, {"s": sidecar + samples.turn(Q1, A1, "bbbb0001") + partial}),
+        stamp="20261122_100000",
+    )
     summary = ingest_paths([tmp_path / "Agents"], store)
     assert summary.new == 1 and summary.skipped == 2
     assert _pairs(store.iter_traces()) == {(Q1, A1)}
-    samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(
-        AGENT, {"s": sidecar + samples.turn(Q1, A1, "bbbb0001") + samples.turn(Q2, A2, "bbbb0002")}),
-        stamp="20261122_100100")
+    samples.write_checkpoint(
+        _cp_dir(tmp_path),
+        samples.v2_checkpoint(
+            AGENT, {"s": sidecar + samples.turn(Q1, A1, "bbbb0001") + samples.turn(Q2, A2, "bbbb0002")}
+        ),
+        stamp="20261122_100100",
+    )
     assert ingest_paths([tmp_path / "Agents"], store).new == 1
     assert _pairs(store.iter_traces()) == {(Q1, A1), (Q2, A2)}
 
@@ -133,12 +150,17 @@ def test_a_history_that_starts_mid_turn(tmp_path: Path) -> None:
 
 
 def test_v1_checkpoint_dispatched_on_its_class(tmp_path: Path) -> None:
-    history = [{"role": "user", "content": "hello", "timestamp": "2025-12-01T10:00:00"},
-               {"role": "assistant", "content": "hi there", "timestamp": "2025-12-01T10:00:02"},
-               {"role": "user", "content": "bye", "timestamp": "2025-12-01T10:01:00"},
-               {"role": "assistant", "content": "see you", "timestamp": "2025-12-01T10:01:01"}]
-    samples.write_checkpoint(tmp_path / "Agents" / "checkpoint" / "old_agent",
-                             samples.v1_checkpoint("old_agent", {"main": history}), stamp="20251201_100200")
+    history = [
+        {"role": "user", "content": "hello", "timestamp": "2025-12-01T10:00:00"},
+        {"role": "assistant", "content": "hi there", "timestamp": "2025-12-01T10:00:02"},
+        {"role": "user", "content": "bye", "timestamp": "2025-12-01T10:01:00"},
+        {"role": "assistant", "content": "see you", "timestamp": "2025-12-01T10:01:01"},
+    ]
+    samples.write_checkpoint(
+        tmp_path / "Agents" / "checkpoint" / "old_agent",
+        samples.v1_checkpoint("old_agent", {"main": history}),
+        stamp="20251201_100200",
+    )
     traces = CheckpointLoader(tmp_path).load()
     assert _pairs(traces) == {("hello", "hi there"), ("bye", "see you")}
     t = next(t for t in traces if t.user_query == "hello")
@@ -151,8 +173,11 @@ def test_sessions_repeated_across_many_snapshots(tmp_path: Path) -> None:
     history: list[dict] = []
     for n in range(6):
         history = history + samples.turn(f"q{n}", f"a{n}", f"eeee000{n}")
-        samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(
-            AGENT, {"s": history, "other": samples.turn("same", "same", "ffff0001")}), stamp=f"20261122_10000{n}")
+        samples.write_checkpoint(
+            _cp_dir(tmp_path),
+            samples.v2_checkpoint(AGENT, {"s": history, "other": samples.turn("same", "same", "ffff0001")}),
+            stamp=f"20261122_10000{n}",
+        )
     loader = CheckpointLoader(tmp_path)
     traces = loader.load()
     assert len(traces) == 7
@@ -165,8 +190,9 @@ def test_cut_history_whose_oldest_turn_was_seen_before(tmp_path: Path) -> None:
     first = samples.turn(Q1, A1, "abab0001") + samples.turn("next", "done", "abab0002")
     samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(AGENT, {"s": first}), stamp="20261122_100000")
     cut = samples.turn("next", "done", "abab0002") + samples.turn("third", "3", "abab0003")
-    samples.write_checkpoint(_cp_dir(tmp_path), samples.v2_checkpoint(AGENT, {"s": cut}, max_history=len(cut)),
-                             stamp="20261122_100100")
+    samples.write_checkpoint(
+        _cp_dir(tmp_path), samples.v2_checkpoint(AGENT, {"s": cut}, max_history=len(cut)), stamp="20261122_100100"
+    )
     loader = CheckpointLoader(tmp_path)
     assert _pairs(loader.load()) == {(Q1, A1), ("next", "done"), ("third", "3")}
     assert loader.summary.skipped == 0 and loader.summary.duplicate == 1

@@ -41,8 +41,9 @@ def test_missing_path_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert err == f"flowrl: error: {tmp_path / 'nope'}: no such file or directory"
 
 
-def test_rejected_files_are_listed_and_the_rest_ingested(flowagent_fixtures: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_rejected_files_are_listed_and_the_rest_ingested(
+    flowagent_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "in" / "Agents" / "checkpoint" / "sample_agent"
     shutil.copytree(flowagent_fixtures / CP_DIR, src)
     (src / "agent_checkpoint_20261122_170000.pkl").write_bytes(pickle.dumps(_Evil()))

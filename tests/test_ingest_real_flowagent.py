@@ -59,14 +59,27 @@ def test_real_flowagent_data_dir_while_watching(toolbox_python: Path, tmp_path: 
     assert ready.wait(10)
     try:
         out = tmp_path / "summary.json"
-        proc = subprocess.run([str(toolbox_python), str(REPO / "tests" / "integration" / "flowagent_driver.py"),
-                               "--no-hook", "--fast-exit", "--out", str(out)], env=env, cwd=tmp_path / "sandbox",
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                str(toolbox_python),
+                str(REPO / "tests" / "integration" / "flowagent_driver.py"),
+                "--no-hook",
+                "--fast-exit",
+                "--out",
+                str(out),
+            ],
+            env=env,
+            cwd=tmp_path / "sandbox",
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         done = time.monotonic()
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs = json.loads(out.read_text())["baseline"]["runs"]
-        expected = {(r["session_id"], redact_text(r["query"]), r["result"])
-                    for name, r in runs.items() if name != "sidecar"}
+        expected = {
+            (r["session_id"], redact_text(r["query"]), r["result"]) for name, r in runs.items() if name != "sidecar"
+        }
         while time.monotonic() - done < 2.0:
             got = {(t.session_id, t.user_query, t.final_response) for t in store.iter_traces()}
             if got >= expected:

@@ -67,7 +67,8 @@ def _one_line(text: str) -> str:
 
 @pytest.mark.parametrize("front", ["library", "cli"])
 def test_impossible_time_in_a_checkpoint_name_is_read_with_the_pickled_time(
-        front: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    front: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "data"
     cp = samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}, timestamp=datetime(2026, 11, 22, 9, 30, 0))
     _write_cp(root, cp, BAD_NAME)
@@ -126,14 +127,17 @@ def test_impossible_message_and_trace_timestamps_never_reach_the_store(tmp_path:
     """V1 message timestamps and imported trace files carry dates of their own; a date that cannot be
     would name an impossible day folder in the store."""
     root = tmp_path / "data"
-    history = [{"role": "user", "content": Q, "timestamp": "2026-13-45T99:00:00"},
-               {"role": "assistant", "content": A, "timestamp": "2026-13-45T99:00:01"}]
+    history = [
+        {"role": "user", "content": Q, "timestamp": "2026-13-45T99:00:00"},
+        {"role": "assistant", "content": A, "timestamp": "2026-13-45T99:00:01"},
+    ]
     v1 = samples.v1_checkpoint(AGENT, {"s": history}, timestamp=datetime(2025, 12, 1, 10, 0, 0))
     _write_cp(root, v1, "agent_checkpoint_20251201_100000.pkl")
     imported = root / "rl_traces" / "2026-11-22"
     imported.mkdir(parents=True)
-    (imported / "0123456789ab.json").write_text(json.dumps(
-        {"trace_id": "0123456789ab", "user_query": "imported", "timestamp": "2026-02-31T10:00:00"}))
+    (imported / "0123456789ab.json").write_text(
+        json.dumps({"trace_id": "0123456789ab", "user_query": "imported", "timestamp": "2026-02-31T10:00:00"})
+    )
     store = TraceStore(tmp_path / "store")
     summary = ingest_paths([root], store)
     assert summary.new == 2 and summary.rejected_count == 0
@@ -180,7 +184,8 @@ def test_a_fifo_with_a_checkpoint_name_is_rejected_not_waited_on(tmp_path: Path)
 
 @pytest.mark.parametrize("front", ["ingest", "watch"])
 def test_a_failure_of_flowrls_own_on_one_file_is_a_rejection_not_a_crash(
-        front: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    front: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same class of bug in a parser not found yet: one file is reported, the rest is ingested."""
     import flowrl.ingest.engine as engine
 
@@ -193,9 +198,14 @@ def test_a_failure_of_flowrls_own_on_one_file_is_a_rejection_not_a_crash(
 
     monkeypatch.setattr(engine, "split_turns", split_turns)
     root = tmp_path / "data"
-    good = _write_cp(root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_100000.pkl")
-    bad = _write_cp(root, samples.v2_checkpoint(AGENT, {"cursed": samples.turn("q", "a", "2b000002")}),
-                    "agent_checkpoint_20261122_110000.pkl")
+    good = _write_cp(
+        root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_100000.pkl"
+    )
+    bad = _write_cp(
+        root,
+        samples.v2_checkpoint(AGENT, {"cursed": samples.turn("q", "a", "2b000002")}),
+        "agent_checkpoint_20261122_110000.pkl",
+    )
     _age(good, bad)
     store = TraceStore(tmp_path / "store")
     summary = ingest_paths([root], store) if front == "ingest" else _once(root, store)
@@ -208,7 +218,9 @@ def test_a_failure_of_flowrls_own_on_one_file_is_a_rejection_not_a_crash(
 
 
 def _late_obs_setup(root: Path) -> tuple[Path, Path]:
-    cp = _write_cp(root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_100000.pkl")
+    cp = _write_cp(
+        root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_100000.pkl"
+    )
     run = samples.obs_run(RUN, AGENT, "s", Q, A, tools=TOOLS, tokens=(120, 30))
     staged = root.parent / "obs-later" / f"run_{RUN}.json"
     staged.parent.mkdir(parents=True)
@@ -247,8 +259,12 @@ def test_late_obs_file_upgrades_the_checkpoint_trace_in_place(tmp_path: Path) ->
     assert (summary.new, summary.upgraded) == (0, 1)
     _assert_upgraded(store, poor.trace_id)
     rich = store.get(poor.trace_id)
-    assert (rich.label, rich.label_source, rich.manual_review, rich.review_notes) == \
-        (False, "manual", True, "wrong unit, checked by hand")
+    assert (rich.label, rich.label_source, rich.manual_review, rich.review_notes) == (
+        False,
+        "manual",
+        True,
+        "wrong unit, checked by hand",
+    )
     assert store.find(poor.trace_id) == store.find(rich.trace_id)
 
     # idempotent: the same files again change nothing, not even the file
@@ -345,7 +361,9 @@ def test_richer_trace_never_downgraded_by_a_later_text_only_snapshot(tmp_path: P
     store = TraceStore(tmp_path / "store")
     assert ingest_paths([root], store).new == 1
     shutil.rmtree(_obs_dir(root))  # obs rotated the run out; a later snapshot still holds the turn
-    _write_cp(root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_110000.pkl")
+    _write_cp(
+        root, samples.v2_checkpoint(AGENT, {"s": samples.turn(Q, A, RUN)}), "agent_checkpoint_20261122_110000.pkl"
+    )
     summary = ingest_paths([root], store)
     assert (summary.new, summary.upgraded) == (0, 0)
     (t,) = store.iter_traces()
@@ -367,5 +385,9 @@ def test_real_fixture_checkpoints_first_then_obs(flowagent_fixtures: Path, tmp_p
     ingest_paths([agents], together)
     for t in together.iter_traces():
         u = store.get(t.trace_id)
-        assert (u.tool_calls, u.total_tokens_in, u.success, u.messages) == \
-            (t.tool_calls, t.total_tokens_in, t.success, t.messages)
+        assert (u.tool_calls, u.total_tokens_in, u.success, u.messages) == (
+            t.tool_calls,
+            t.total_tokens_in,
+            t.success,
+            t.messages,
+        )

@@ -52,8 +52,15 @@ def test_fixture_checkpoints_load_with_the_allow_list(flowagent_fixtures: Path) 
 
 def test_allow_list_is_exactly_what_checkpoints_hold() -> None:
     modules = {m for m, _ in ALLOWED}
-    assert modules == {"toolboxv2.mods.isaa.base.Agent.checkpoint_manager", "toolboxv2.mods.isaa.base.Agent.types",
-                       "toolboxv2.mods.isaa.base.Agent.vfs_v2", "datetime", "collections", "_codecs", "builtins"}
+    assert modules == {
+        "toolboxv2.mods.isaa.base.Agent.checkpoint_manager",
+        "toolboxv2.mods.isaa.base.Agent.types",
+        "toolboxv2.mods.isaa.base.Agent.vfs_v2",
+        "datetime",
+        "collections",
+        "_codecs",
+        "builtins",
+    }
     assert {n for m, n in ALLOWED if m == "builtins"} == {"set", "frozenset", "complex", "bytes", "bytearray"}
     for dangerous in ("eval", "exec", "getattr", "__import__", "open", "compile", "setattr", "globals"):
         assert ("builtins", dangerous) not in ALLOWED
@@ -69,7 +76,9 @@ def test_hostile_pickle_is_rejected_and_never_runs(tmp_path: Path) -> None:
     assert str(path) in str(err.value) and "posix.system" in str(err.value)
     loader = CheckpointLoader(tmp_path)
     assert loader.load() == []
-    assert loader.summary.rejected_count == 1 and "refused to load class posix.system" in loader.summary.rejected[0].reason
+    assert (
+        loader.summary.rejected_count == 1 and "refused to load class posix.system" in loader.summary.rejected[0].reason
+    )
     assert not marker.exists()
 
 
@@ -106,8 +115,9 @@ def _good_and_bad(tmp_path: Path, flowagent_fixtures: Path) -> Path:
     (cp_dir / "agent_checkpoint_20261122_170000.pkl").write_bytes(data[: len(data) // 2])  # truncated
     (cp_dir / "agent_checkpoint_20261122_170001.pkl").write_bytes(b"")  # empty
     (cp_dir / "agent_checkpoint_20261122_170002.pkl").write_bytes(os.urandom(256))  # garbage
-    (cp_dir / "agent_checkpoint_20261122_170003.pkl").write_bytes(samples.dumps(
-        samples.v2_checkpoint("agent", {"s": samples.turn("q", "a", "bbbb0001")}, version="3.0")))
+    (cp_dir / "agent_checkpoint_20261122_170003.pkl").write_bytes(
+        samples.dumps(samples.v2_checkpoint("agent", {"s": samples.turn("q", "a", "bbbb0001")}, version="3.0"))
+    )
     (cp_dir / "agent_checkpoint_20261122_170004.pkl").write_bytes(pickle.dumps({"not": "a checkpoint"}))
     obs = tmp_path / "Agents" / "agent" / "obs"
     obs.mkdir(parents=True)
@@ -121,9 +131,14 @@ def test_bad_files_are_reported_by_name_and_the_rest_is_ingested(tmp_path: Path,
     summary = ingest_paths([root], store)
     assert summary.new == 3 and summary.ok
     reasons = {Path(r.path).name: r.reason for r in summary.rejected}
-    assert set(reasons) == {"agent_checkpoint_20261122_170000.pkl", "agent_checkpoint_20261122_170001.pkl",
-                            "agent_checkpoint_20261122_170002.pkl", "agent_checkpoint_20261122_170003.pkl",
-                            "agent_checkpoint_20261122_170004.pkl", "run_deadbeef.json"}
+    assert set(reasons) == {
+        "agent_checkpoint_20261122_170000.pkl",
+        "agent_checkpoint_20261122_170001.pkl",
+        "agent_checkpoint_20261122_170002.pkl",
+        "agent_checkpoint_20261122_170003.pkl",
+        "agent_checkpoint_20261122_170004.pkl",
+        "run_deadbeef.json",
+    }
     assert "truncated" in reasons["agent_checkpoint_20261122_170000.pkl"]
     assert "empty file" in reasons["agent_checkpoint_20261122_170001.pkl"]
     assert "unsupported checkpoint version '3.0'" in reasons["agent_checkpoint_20261122_170003.pkl"]

@@ -55,9 +55,17 @@ class FakeJudge:
                     content = "They all look great to me!"
                 elif judge.behaviour == "fenced":
                     content = "```json\n" + content + "\n```"
-                self._send(200, {"id": "x", "object": "chat.completion", "model": body["model"],
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": content}}]})
+                self._send(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "model": body["model"],
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                        ],
+                    },
+                )
 
             def _send(self, code, payload):
                 data = json.dumps(payload).encode()
@@ -81,8 +89,14 @@ class FakeJudge:
         user = body["messages"][-1]["content"]
         trajectories = _TRAJ.findall(user)
         if trajectories:
-            return json.dumps({"scores": [{"trajectory_id": i, "explanation": "looked at it",
-                                           "score": 0.2 if "Error" in text else 0.9} for i, text in trajectories]})
+            return json.dumps(
+                {
+                    "scores": [
+                        {"trajectory_id": i, "explanation": "looked at it", "score": 0.2 if "Error" in text else 0.9}
+                        for i, text in trajectories
+                    ]
+                }
+            )
         return json.dumps({"explanation": "single", "score": 0.2 if "Error" in user else 0.9})
 
     def trajectory_entries(self, index: int = -1) -> list[str]:
@@ -99,8 +113,17 @@ class FakeJudge:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in ("FLOWRL_JUDGE_BASE_URL", "FLOWRL_JUDGE_MODEL", "FLOWRL_JUDGE_API_KEY", "OPENAI_API_KEY",
-                 "OPENAI_BASE_URL", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+    for name in (
+        "FLOWRL_JUDGE_BASE_URL",
+        "FLOWRL_JUDGE_MODEL",
+        "FLOWRL_JUDGE_API_KEY",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -114,12 +137,27 @@ USER = {"role": "user", "content": "Weather in Rome?"}
 
 
 def run(answer: str, tool_result: str = "Rome: 25C") -> ExecutionTrace:
-    return ExecutionTrace(user_query="Weather in Rome?", final_response=answer, messages=[
-        SYSTEM, USER,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": tool_result},
-        {"role": "assistant", "content": answer}])
+    return ExecutionTrace(
+        user_query="Weather in Rome?",
+        final_response=answer,
+        messages=[
+            SYSTEM,
+            USER,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": tool_result},
+            {"role": "assistant", "content": answer},
+        ],
+    )
 
 
 def test_relative_group_one_call_shared_prefix_sent_once():
@@ -157,8 +195,11 @@ def test_all_identical_group_sends_one_trajectory():
 
 
 def test_different_tasks_go_in_different_calls():
-    other = ExecutionTrace(user_query="Weather in Oslo?", final_response="Cold.",
-                           messages=[USER | {"content": "Weather in Oslo?"}, {"role": "assistant", "content": "Cold."}])
+    other = ExecutionTrace(
+        user_query="Weather in Oslo?",
+        final_response="Cold.",
+        messages=[USER | {"content": "Weather in Oslo?"}, {"role": "assistant", "content": "Cold."}],
+    )
     with FakeJudge() as server:
         results = judge(server).score_batch([run("a"), other, run("b")])
     assert len(server.requests) == 2
@@ -292,8 +333,11 @@ def test_no_key_sends_no_authorization_header():
 
 def test_judge_as_grpo_reward_func_one_call_per_prompt():
     prompts = [[{"role": "user", "content": "Weather in Rome?"}]] * 3
-    completions = [[{"role": "assistant", "content": "25C"}], [{"role": "assistant", "content": "Error: no"}],
-                   [{"role": "assistant", "content": "25C"}]]
+    completions = [
+        [{"role": "assistant", "content": "25C"}],
+        [{"role": "assistant", "content": "Error: no"}],
+        [{"role": "assistant", "content": "25C"}],
+    ]
     with FakeJudge() as server:
         out = judge(server).as_reward_func()(prompts=prompts, completions=completions, completion_ids=[[1]] * 3)
     assert out == [0.9, 0.2, 0.9]
@@ -301,8 +345,11 @@ def test_judge_as_grpo_reward_func_one_call_per_prompt():
 
 
 def test_traces_without_messages_are_rebuilt_for_the_judge():
-    t = ExecutionTrace(user_query="sum of squares", final_response="385",
-                       tool_calls=[{"tool_name": "exec_code", "arguments": {"code": "print(385)"}, "result": "385"}])
+    t = ExecutionTrace(
+        user_query="sum of squares",
+        final_response="385",
+        tool_calls=[{"tool_name": "exec_code", "arguments": {"code": "print(385)"}, "result": "385"}],
+    )
     with FakeJudge() as server:
         assert judge(server, mode="absolute").score(t).value == 0.9
     user = server.requests[0]["messages"][-1]["content"]

@@ -23,8 +23,9 @@ from flowrl.errors import ConfigError
 
 MAX_NEW = 24
 PROMPTS = [[{"role": "user", "content": f"What is {i} times {i * 3}?" + " please" * i}] for i in range(8)]
-needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                 reason="llama-cpp-python is not installed (make setup builds it)")
+needs_llama = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed (make setup builds it)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_greedy_replies_and_logprobs_match_transformers(model_dir: Path, tmp_pat
         same += ours.token_ids == theirs.token_ids
         ids = torch.tensor([ours.prompt_token_ids + ours.token_ids])
         with torch.no_grad():
-            rows = torch.log_softmax(reference.model(ids).logits[0, len(ours.prompt_token_ids) - 1:-1].float(), -1)
+            rows = torch.log_softmax(reference.model(ids).logits[0, len(ours.prompt_token_ids) - 1 : -1].float(), -1)
         for row, token, logprob in zip(rows, ours.token_ids, ours.logprobs, strict=True):
             assert float(row.max() - row[token]) < 0.02, messages
             assert abs(float(row[token]) - logprob) < 0.02
@@ -83,11 +84,14 @@ def test_sampling_is_seeded_per_call(model_dir: Path, tmp_path: Path) -> None:
 def test_a_reply_goes_back_as_the_ids_that_were_sampled(model_dir: Path, tmp_path: Path) -> None:
     llama = _llama(model_dir, tmp_path, temperature=1.0, seed=3)
     first = llama.complete(PROMPTS[2])
-    second = llama.complete([*PROMPTS[2], {"role": "assistant", "content": first.text},
-                             {"role": "user", "content": "and then?"}])
+    second = llama.complete(
+        [*PROMPTS[2], {"role": "assistant", "content": first.text}, {"role": "user", "content": "and then?"}]
+    )
     assert first.prompt_token_ids is not None and first.token_ids is not None
-    assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)] == \
-        first.prompt_token_ids + first.token_ids
+    assert (
+        second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)]
+        == first.prompt_token_ids + first.token_ids
+    )
 
 
 @needs_llama

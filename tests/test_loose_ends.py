@@ -20,9 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_upgrade_leaves_its_input_untouched() -> None:
     """The v0 -> v1 step set `success: False` on the caller's own tool-call dicts."""
-    old = {"trace_id": "t1", "user_query": "q", "final_response": "a",
-           "tool_calls": [{"tool_name": "x", "result": "Error: boom", "success": True, "arguments": {"a": 1}}],
-           "messages": [{"role": "user", "content": "q"}]}
+    old = {
+        "trace_id": "t1",
+        "user_query": "q",
+        "final_response": "a",
+        "tool_calls": [{"tool_name": "x", "result": "Error: boom", "success": True, "arguments": {"a": 1}}],
+        "messages": [{"role": "user", "content": "q"}],
+    }
     before = copy.deepcopy(old)
     new = upgrade(old)
     assert old == before

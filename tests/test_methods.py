@@ -31,9 +31,18 @@ def test_a_new_method_is_one_file_and_one_line(tmp_path: Path, monkeypatch: pyte
     from flowrl.cli import main
 
     monkeypatch.setitem(METHODS, "first-good-sft", METHODS["sft"])  # restored after the test
-    register_method(MethodSpec(  # the one line
-        "first-good-sft", "plugins.first_answer_sft:FirstGoodSFTBuilder", "SFTConfig", "SFTTrainer",
-        (("messages",),), 2e-4, "SFT on each task's earliest good run", encoding="sft"))
+    register_method(
+        MethodSpec(  # the one line
+            "first-good-sft",
+            "plugins.first_answer_sft:FirstGoodSFTBuilder",
+            "SFTConfig",
+            "SFTTrainer",
+            (("messages",),),
+            2e-4,
+            "SFT on each task's earliest good run",
+            encoding="sft",
+        )
+    )
 
     from flowrl.data import DatasetPipeline
     from flowrl.methods import make_builder
@@ -44,6 +53,23 @@ def test_a_new_method_is_one_file_and_one_line(tmp_path: Path, monkeypatch: pyte
     result = DatasetPipeline(make_builder("first-good-sft"), val_fraction=0.0).build(traces, tmp_path / "ds")
     assert result.method == "first-good-sft" and 0 < result.counts["train"] <= 4
     model = build_tiny_model(tmp_path / "tiny")
-    assert main(["train", "--method", "first-good-sft", "--dataset", str(tmp_path / "ds"), "--base-model", str(model),
-                 "--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--method",
+                "first-good-sft",
+                "--dataset",
+                str(tmp_path / "ds"),
+                "--base-model",
+                str(model),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--max-steps",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()

@@ -30,6 +30,7 @@ class _NoSuchRepo(RepositoryNotFoundError):
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     """Online as far as huggingface_hub knows, but no socket connects and `model_info` records its calls."""
+
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise OSError("network blocked in tests")
 
@@ -56,8 +57,9 @@ def _prompts(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("spec", ["runs/nope", "./nope", "../nope", "~/flowrl-no-such-model", "/no/such/model",
-                                  "runs/a/b"])
+@pytest.mark.parametrize(
+    "spec", ["runs/nope", "./nope", "../nope", "~/flowrl-no-such-model", "/no/such/model", "runs/a/b"]
+)
 def test_a_missing_path_is_one_clear_error_at_once(spec: str, _no_network: list[str]) -> None:
     started = time.perf_counter()
     with pytest.raises(ModelError, match="does not exist") as info:
@@ -116,9 +118,9 @@ def test_an_unreachable_hub_is_probed_once_then_the_process_is_offline(_no_netwo
     assert time.perf_counter() - started < 10.0
 
 
-def test_eval_cli_with_a_mistyped_model_folder_says_one_line_at_once(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str],
-                                                                     _no_network: list[str]) -> None:
+def test_eval_cli_with_a_mistyped_model_folder_says_one_line_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], _no_network: list[str]
+) -> None:
     prompts = _prompts(tmp_path)
     started = time.perf_counter()
     assert main(["eval", "--model", "runs/nope", "--prompts", str(prompts)]) == 2
@@ -128,8 +130,9 @@ def test_eval_cli_with_a_mistyped_model_folder_says_one_line_at_once(tmp_path: P
     assert _no_network == []
 
 
-def test_eval_cli_with_an_unknown_hub_id_says_one_line_naming_it(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_cli_with_an_unknown_hub_id_says_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("transformers")
     started = time.perf_counter()
     assert main(["eval", "--model", "someone/nonexistent-model", "--prompts", str(_prompts(tmp_path))]) == 2
@@ -138,14 +141,25 @@ def test_eval_cli_with_an_unknown_hub_id_says_one_line_naming_it(tmp_path: Path,
     assert len(err) == 1 and "someone/nonexistent-model" in err[0]
 
 
-def test_train_cli_with_a_mistyped_base_model_folder_fails_before_training(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str],
-                                                                           _no_network: list[str]) -> None:
+def test_train_cli_with_a_mistyped_base_model_folder_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], _no_network: list[str]
+) -> None:
     pytest.importorskip("trl")
     (tmp_path / "models").mkdir()
     started = time.perf_counter()
-    rc = main(["train", "--method", "sft", "--dataset", str(_prompts(tmp_path)), "--base-model", "models/nope",
-               "--output-dir", str(tmp_path / "out")])
+    rc = main(
+        [
+            "train",
+            "--method",
+            "sft",
+            "--dataset",
+            str(_prompts(tmp_path)),
+            "--base-model",
+            "models/nope",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 2 and time.perf_counter() - started < 10.0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "models/nope" in err[0] and "does not exist" in err[0]

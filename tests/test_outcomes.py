@@ -184,16 +184,34 @@ def test_annotate_cli_records_and_show_prints_outcomes(tmp_path, capsys):
     store = TraceStore(tmp_path)
     trace = ExecutionTrace(user_query="What is 2+2?", final_response="5")
     store.write(trace)
-    argv = ["traces", "annotate", trace.trace_id, "--reference", "4", "--failure", "--reward", "tests=0.25",
-            "--feedback", "wrong", "--source", "test", "--store", str(tmp_path)]
+    argv = [
+        "traces",
+        "annotate",
+        trace.trace_id,
+        "--reference",
+        "4",
+        "--failure",
+        "--reward",
+        "tests=0.25",
+        "--feedback",
+        "wrong",
+        "--source",
+        "test",
+        "--store",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     assert "annotated" in capsys.readouterr().out
     assert main(["traces", "show", trace.trace_id, "--store", str(tmp_path)]) == 0
     (outcome,) = json.loads(capsys.readouterr().out)["outcomes"]
     assert outcome["reference"] == "4" and outcome["success"] is False and outcome["rewards"] == {"tests": 0.25}
     assert outcome["source"] == "test" and outcome["feedback"] == "wrong"
-    for bad, says in ((["--reward", "tests"], "use name=value"), (["--reward", "tests=7"], "from 0 to 1"),
-                      ([], "needs at least one of"), (["--success", "--source", "a b"], "short name")):
+    for bad, says in (
+        (["--reward", "tests"], "use name=value"),
+        (["--reward", "tests=7"], "from 0 to 1"),
+        ([], "needs at least one of"),
+        (["--success", "--source", "a b"], "short name"),
+    ):
         assert main(["traces", "annotate", trace.trace_id, *bad, "--store", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

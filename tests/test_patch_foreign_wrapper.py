@@ -94,7 +94,9 @@ def hook_wrap_unhook(tmp_path, wrap: Any) -> tuple[type, Any, list[str], Any]:
     return Agent, agent, calls, original
 
 
-@pytest.mark.parametrize("wrap", [wrap_with_wrapt, wrap_with_wrapt_over_bound], ids=["wrap_function_wrapper", "over-bound"])
+@pytest.mark.parametrize(
+    "wrap", [wrap_with_wrapt, wrap_with_wrapt_over_bound], ids=["wrap_function_wrapper", "over-bound"]
+)
 def test_a_wrapt_wrapper_on_top_is_kept_and_flowrl_is_spliced_out(tmp_path, caplog, wrap: Any) -> None:
     caplog.set_level(logging.WARNING, logger="flowrl.capture")
     Agent, agent, calls, original = hook_wrap_unhook(tmp_path, wrap)
@@ -128,8 +130,11 @@ def test_a_functools_wrapper_on_top_keeps_an_inert_patch_said_once(tmp_path, cap
     assert len(left_warnings(caplog)) == 1  # said once, not on every call
 
 
-@pytest.mark.parametrize("wrap", [wrap_with_wrapt, wrap_with_wrapt_over_bound, wrap_with_functools],
-                         ids=["wrap_function_wrapper", "over-bound", "functools"])
+@pytest.mark.parametrize(
+    "wrap",
+    [wrap_with_wrapt, wrap_with_wrapt_over_bound, wrap_with_functools],
+    ids=["wrap_function_wrapper", "over-bound", "functools"],
+)
 def test_hooking_again_dispatches_each_run_once(tmp_path, caplog, wrap: Any) -> None:
     """A patch flowrl let go of must not dispatch again: re-hooking puts a new patch on top of the other
     wrapper, and a left-over one underneath would hand each run to the new hook's handler a second time."""

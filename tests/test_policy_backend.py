@@ -28,8 +28,9 @@ def _policy(model_dir: Path, **kwargs: Any) -> tuple[PolicyBackend, Any]:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    backend = PolicyBackend(lambda: contextlib.nullcontext(model), tokenizer,
-                            **{"temperature": 0.0, "max_new_tokens": 16, **kwargs})
+    backend = PolicyBackend(
+        lambda: contextlib.nullcontext(model), tokenizer, **{"temperature": 0.0, "max_new_tokens": 16, **kwargs}
+    )
     return backend, model
 
 
@@ -56,7 +57,7 @@ def test_sampled_logprobs_are_trls_and_the_trainers_grad_mode_is_left_alone(mode
     ids = torch.tensor([reply.prompt_token_ids + reply.token_ids])
     model.eval()
     with torch.no_grad():
-        logits = model(ids).logits[0, len(reply.prompt_token_ids) - 1:-1].float() / 0.7
+        logits = model(ids).logits[0, len(reply.prompt_token_ids) - 1 : -1].float() / 0.7
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(reply.token_ids)[:, None]).squeeze(1).tolist()
     assert reply.logprobs == pytest.approx(expected, abs=1e-4)  # TRL's per-token logp: softmax(logits / T)
     assert all(p.grad is None for p in model.parameters())
@@ -65,10 +66,13 @@ def test_sampled_logprobs_are_trls_and_the_trainers_grad_mode_is_left_alone(mode
 def test_a_second_turn_starts_with_the_ids_the_policy_sampled(model_dir: Path) -> None:
     policy, _ = _policy(model_dir, temperature=1.0)
     first = policy.complete(PROMPTS[2])
-    second = policy.complete([*PROMPTS[2], {"role": "assistant", "content": first.text},
-                              {"role": "user", "content": "and then?"}])
-    assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)] == \
-        first.prompt_token_ids + first.token_ids
+    second = policy.complete(
+        [*PROMPTS[2], {"role": "assistant", "content": first.text}, {"role": "user", "content": "and then?"}]
+    )
+    assert (
+        second.prompt_token_ids[: len(first.prompt_token_ids) + len(first.token_ids)]
+        == first.prompt_token_ids + first.token_ids
+    )
 
 
 def test_from_trainer_samples_the_policy_inside_a_grpo_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,17 +89,37 @@ def test_from_trainer_samples_the_policy_inside_a_grpo_rollout(tmp_path: Path, m
         backend = PolicyBackend.from_trainer(trainer, max_new_tokens=8)
         got = [backend.complete(prompt) for prompt in prompts]
         replies.extend(got)
-        return {"prompt_ids": [r.prompt_token_ids for r in got], "completion_ids": [r.token_ids for r in got],
-                "logprobs": [r.logprobs for r in got]}
+        return {
+            "prompt_ids": [r.prompt_token_ids for r in got],
+            "completion_ids": [r.token_ids for r in got],
+            "logprobs": [r.logprobs for r in got],
+        }
 
     def length(prompts: list, completions: list, **kwargs: Any) -> list[float]:
         return [float(len(str(c))) for c in completions]
 
     data = Dataset.from_list([{"prompt": m} for m in PROMPTS[:2]])
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=1, report_to="none", use_cpu=True, logging_steps=1,
-                      save_strategy="no", per_device_train_batch_size=2, num_generations=2, generation_batch_size=2,
-                      max_completion_length=8)
-    trainer = GRPOTrainer(model=model, reward_funcs=length, args=args, processing_class=tokenizer, train_dataset=data,
-                          rollout_func=rollout_func)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        per_device_train_batch_size=2,
+        num_generations=2,
+        generation_batch_size=2,
+        max_completion_length=8,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=length,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=data,
+        rollout_func=rollout_func,
+    )
     assert trainer.train().global_step == 1
-    assert len(replies) == 2 and all(1 <= len(r.token_ids) <= 8 and len(r.logprobs) == len(r.token_ids) for r in replies)
+    assert len(replies) == 2 and all(
+        1 <= len(r.token_ids) <= 8 and len(r.logprobs) == len(r.token_ids) for r in replies
+    )

@@ -46,8 +46,12 @@ def test_ordinary_text_is_untouched() -> None:
 def test_secret_key_names_mask_the_value_but_not_token_counts() -> None:
     r = Redactor()
     out = r.redact({"api_key": "plain", "headers": {"Authorization": "x"}, "total_tokens": 12, "max_tokens": "1"})
-    assert out == {"api_key": "[REDACTED:secret_key_name]", "headers": {"Authorization": "[REDACTED:secret_key_name]"},
-                   "total_tokens": 12, "max_tokens": "1"}
+    assert out == {
+        "api_key": "[REDACTED:secret_key_name]",
+        "headers": {"Authorization": "[REDACTED:secret_key_name]"},
+        "total_tokens": 12,
+        "max_tokens": "1",
+    }
 
 
 def test_user_mask_runs_and_a_failing_mask_fails_closed() -> None:

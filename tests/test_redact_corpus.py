@@ -37,7 +37,7 @@ def rnd(n: int, chars: str = ALNUM) -> str:
 
 
 def _pem(kind: str, body: str) -> str:
-    lines = "\n".join(body[i:i + 64] for i in range(0, len(body), 64))
+    lines = "\n".join(body[i : i + 64] for i in range(0, len(body), 64))
     return f"-----BEGIN {kind}PRIVATE KEY-----\n{lines}\n-----END {kind}PRIVATE KEY-----"
 
 
@@ -59,31 +59,57 @@ SECRETS: list[tuple[str, str, str | dict[str, Any]]] = [
     _case("anthropic_key", "sk-ant-api03-" + rnd(93, URLSAFE) + "AA", "client = Anthropic(api_key='{s}')"),
     _case("github_classic_token", "ghp_" + rnd(36), "Cloning with token {s} failed: 401 Unauthorized"),
     _case("github_fine_grained_pat", "github_pat_" + rnd(22) + "_" + rnd(59), "GH_TOKEN={s} gh pr list"),
-    _case("gitlab_pat", "glpat-" + rnd(20, URLSAFE),
-          "curl --header 'PRIVATE-TOKEN: {s}' https://gitlab.com/api/v4/projects"),
+    _case(
+        "gitlab_pat",
+        "glpat-" + rnd(20, URLSAFE),
+        "curl --header 'PRIVATE-TOKEN: {s}' https://gitlab.com/api/v4/projects",
+    ),
     _case("aws_access_key_id", "AKIA" + rnd(16, UPPER), "aws configure set aws_access_key_id {s}"),
     _case("aws_secret_env", rnd(40, B64), "export AWS_SECRET_ACCESS_KEY={s}"),
-    _case("aws_SecretAccessKey_value", s := rnd(40, B64),
-          {"Credentials": {"AccessKeyId": "ASIA" + rnd(16, UPPER), "SecretAccessKey": s,
-                           "Expiration": "2025-01-01T00:00:00Z"}}),
+    _case(
+        "aws_SecretAccessKey_value",
+        s := rnd(40, B64),
+        {
+            "Credentials": {
+                "AccessKeyId": "ASIA" + rnd(16, UPPER),
+                "SecretAccessKey": s,
+                "Expiration": "2025-01-01T00:00:00Z",
+            }
+        },
+    ),
     _case("aws_SessionToken_value", _SESSION, {"Credentials": {"SessionToken": _SESSION, "Expiration": "soon"}}),
-    _case("google_api_key", "AIza" + rnd(35, URLSAFE),
-          "GET https://maps.googleapis.com/maps/api/geocode/json?address=Oslo&key={s}"),
+    _case(
+        "google_api_key",
+        "AIza" + rnd(35, URLSAFE),
+        "GET https://maps.googleapis.com/maps/api/geocode/json?address=Oslo&key={s}",
+    ),
     _case("google_oauth_client_secret", _GCP, "The OAuth client secret {s} was rotated yesterday."),
-    _case("slack_bot_token", "xoxb-" + rnd(12, "0123456789") + "-" + rnd(13, "0123456789") + "-" + rnd(24),
-          "SLACK_BOT_TOKEN is {s}"),
-    _case("slack_webhook", rnd(24), "POST https://hooks.slack.com/services/T" + rnd(8, UPPER) + "/B"
-          + rnd(8, UPPER) + "/{s} -> ok"),
+    _case(
+        "slack_bot_token",
+        "xoxb-" + rnd(12, "0123456789") + "-" + rnd(13, "0123456789") + "-" + rnd(24),
+        "SLACK_BOT_TOKEN is {s}",
+    ),
+    _case(
+        "slack_webhook",
+        rnd(24),
+        "POST https://hooks.slack.com/services/T" + rnd(8, UPPER) + "/B" + rnd(8, UPPER) + "/{s} -> ok",
+    ),
     _case("stripe_live_secret_key", "sk_live_" + rnd(24), "charge failed for key {s}"),
     _case("stripe_restricted_key", "rk_live_" + rnd(24), "Restricted key {s} lacks permission charges:write"),
     _case("huggingface_token", "hf_" + rnd(34, string.ascii_letters), "huggingface-cli login --token {s}"),
     _case("sendgrid_key", "SG." + rnd(22, URLSAFE) + "." + rnd(43, URLSAFE), "sg = SendGridAPIClient('{s}')"),
-    _case("npm_authToken_uuid", f"{rnd(8, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(12, HEX)}",
-          "registry=https://registry.npmjs.org/\n//registry.npmjs.org/:_authToken={s}\n"),
+    _case(
+        "npm_authToken_uuid",
+        f"{rnd(8, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(12, HEX)}",
+        "registry=https://registry.npmjs.org/\n//registry.npmjs.org/:_authToken={s}\n",
+    ),
     _case("npm_token", "npm_" + rnd(36), "Publishing @acme/ui with {s}"),
     _case("pypi_token", "pypi-AgEIcHlwaS5vcmc" + rnd(70, URLSAFE), "twine upload -u __token__ -p {s} dist/*"),
-    _case("jwt", "eyJ" + rnd(30, URLSAFE) + ".eyJ" + rnd(60, URLSAFE) + "." + rnd(43, URLSAFE),
-          "session restored from {s}"),
+    _case(
+        "jwt",
+        "eyJ" + rnd(30, URLSAFE) + ".eyJ" + rnd(60, URLSAFE) + "." + rnd(43, URLSAFE),
+        "session restored from {s}",
+    ),
     _case("rsa_private_key", _RSA[:64], "$ cat deploy.pem\n" + _pem("RSA ", _RSA) + "\n"),
     _case("openssh_private_key", _SSH[:64], _pem("OPENSSH ", _SSH)),
     _case("bearer_header", rnd(40, URLSAFE + "."), "Authorization: Bearer {s}"),
@@ -92,36 +118,65 @@ SECRETS: list[tuple[str, str, str | dict[str, Any]]] = [
     _case("redis_url_password_only", rnd(20), "redis://:{s}@cache.internal:6379/0"),
     _case("mongodb_srv_password", rnd(18), "mongodb+srv://admin:{s}@cluster0.abcde.mongodb.net/?retryWrites=true"),
     _case("token_query_param", rnd(32), "GET https://api.example.com/v1/export?format=csv&token={s}&page=2 -> 200"),
-    _case("access_token_fragment", rnd(40, URLSAFE),
-          "https://app.example.com/callback#access_token={s}&token_type=bearer&expires_in=3600"),
+    _case(
+        "access_token_fragment",
+        rnd(40, URLSAFE),
+        "https://app.example.com/callback#access_token={s}&token_type=bearer&expires_in=3600",
+    ),
     _case("DB_PASSWORD_env", rnd(14), "DB_HOST=db\nDB_USER=app\nDB_PASSWORD={s}\nDB_NAME=prod\n"),
     _case("PGPASSWORD_env", rnd(16), "PGPASSWORD={s} psql -h db.internal -U app -c 'select 1'"),
     _case("docker_env_password", rnd(16), "docker run -e MYSQL_ROOT_PASSWORD={s} -d mysql:8"),
-    _case("django_SECRET_KEY", "django-insecure-" + rnd(50, string.ascii_lowercase + string.digits + "!@#$%^&*(-_=+)"),
-          "# settings.py\nDEBUG = False\nSECRET_KEY = '{s}'\n"),
-    _case("azure_AccountKey", rnd(86, B64) + "==",
-          "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={s};EndpointSuffix=core.windows.net"),
-    _case("azure_sas_sig", rnd(44) + "%3D",
-          "https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&se=2025-01-01&sr=b&sp=r&sig={s}"),
-    _case("secretsmanager_SecretString", s := rnd(20, ALNUM + "!#%"),
-          {"ARN": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/db", "Name": "prod/db",
-           "SecretString": json.dumps({"username": "app", "password": s, "host": "db.internal"})}),
-    _case("cookie_in_json_text", s := rnd(32, HEX),
-          json.dumps({"url": "https://shop.example.com/cart", "headers": {"Cookie": f"theme=dark; sid={s}"}})),
+    _case(
+        "django_SECRET_KEY",
+        "django-insecure-" + rnd(50, string.ascii_lowercase + string.digits + "!@#$%^&*(-_=+)"),
+        "# settings.py\nDEBUG = False\nSECRET_KEY = '{s}'\n",
+    ),
+    _case(
+        "azure_AccountKey",
+        rnd(86, B64) + "==",
+        "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={s};EndpointSuffix=core.windows.net",
+    ),
+    _case(
+        "azure_sas_sig",
+        rnd(44) + "%3D",
+        "https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&se=2025-01-01&sr=b&sp=r&sig={s}",
+    ),
+    _case(
+        "secretsmanager_SecretString",
+        s := rnd(20, ALNUM + "!#%"),
+        {
+            "ARN": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/db",
+            "Name": "prod/db",
+            "SecretString": json.dumps({"username": "app", "password": s, "host": "db.internal"}),
+        },
+    ),
+    _case(
+        "cookie_in_json_text",
+        s := rnd(32, HEX),
+        json.dumps({"url": "https://shop.example.com/cart", "headers": {"Cookie": f"theme=dark; sid={s}"}}),
+    ),
     _case("set_cookie_header", rnd(32, URLSAFE), "HTTP/1.1 302 Found\r\nSet-Cookie: session={s}; Path=/; HttpOnly\r\n"),
     _case("accessToken_value", s := rnd(40), {"accessToken": s, "expiresIn": 3600, "tokenType": "Bearer"}),
     _case("refreshToken_value", s := rnd(40), {"refreshToken": s, "userId": 42}),
-    _case("passphrase_value", s := "correct horse " + rnd(10),
-          {"ssh": {"keyFile": "~/.ssh/id_ed25519", "passphrase": s}}),
+    _case(
+        "passphrase_value", s := "correct horse " + rnd(10), {"ssh": {"keyFile": "~/.ssh/id_ed25519", "passphrase": s}}
+    ),
     _case("PGPASSWORD_value", s := rnd(16), {"env": {"PGHOST": "db.internal", "PGPASSWORD": s}}),
     _case("x_api_key_header", rnd(32), "curl -H 'x-api-key: {s}' https://api.example.com/v2/items"),
     _case("yaml_password", rnd(16), "database:\n  host: db.internal\n  password: {s}\n  pool: 5\n"),
-    _case("k8s_secret_data", base64.b64encode(rnd(12).encode()).decode(),
-          "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ndata:\n  password: {s}\n"),
-    _case("oauth_client_secret_form", rnd(40, URLSAFE),
-          "POST /oauth/token grant_type=client_credentials&client_id=web&client_secret={s}"),
-    _case("connection_string_Password", rnd(16),
-          "Server=tcp:db.example.com,1433;Database=app;User ID=sa;Password={s};"),
+    _case(
+        "k8s_secret_data",
+        base64.b64encode(rnd(12).encode()).decode(),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: db\ndata:\n  password: {s}\n",
+    ),
+    _case(
+        "oauth_client_secret_form",
+        rnd(40, URLSAFE),
+        "POST /oauth/token grant_type=client_credentials&client_id=web&client_secret={s}",
+    ),
+    _case(
+        "connection_string_Password", rnd(16), "Server=tcp:db.example.com,1433;Database=app;User ID=sa;Password={s};"
+    ),
     _case("curl_user_password", rnd(16), "curl -u admin:{s} https://jenkins.internal/api/json"),
     _case("cli_password_flag", rnd(16), "mysql --user=root --password={s} prod < dump.sql"),
     _case("cli_token_flag", rnd(32), "flowctl deploy --api-token {s} --env prod"),
@@ -137,8 +192,11 @@ SECRETS: list[tuple[str, str, str | dict[str, Any]]] = [
     _case("groq_key", "gsk_" + rnd(52), "Groq replied 429 for gsk key {s}"),
     _case("langsmith_key", "lsv2_pt_" + rnd(32, HEX) + "_" + rnd(10, HEX), "tracing enabled ({s})"),
     _case("mailchimp_key", rnd(32, HEX) + "-us12", "mailchimp = Client(); mailchimp.set_config({'api': '{s}'})"),
-    _case("telegram_bot_token", rnd(10, "0123456789") + ":AA" + rnd(33, URLSAFE),
-          "https://api.telegram.org/bot{s}/sendMessage?chat_id=42"),
+    _case(
+        "telegram_bot_token",
+        rnd(10, "0123456789") + ":AA" + rnd(33, URLSAFE),
+        "https://api.telegram.org/bot{s}/sendMessage?chat_id=42",
+    ),
     _case("square_secret", "sq0csp-" + rnd(43, URLSAFE), "square oauth secret {s}"),
     _case("age_secret_key", "AGE-SECRET-KEY-1" + rnd(58, UPPER), "# created: 2025-01-01\n{s}\n"),
     # written after the rules above were tuned, and counted before any change for them (see the report)
@@ -149,8 +207,11 @@ SECRETS: list[tuple[str, str, str | dict[str, Any]]] = [
     _case("authorization_token_scheme", rnd(40, HEX), "Authorization: token {s}"),
     _case("x_auth_token_header", rnd(32, URLSAFE), "X-Auth-Token: {s}"),
     _case("api_key_header_json", rnd(32), '{"headers": {"api-key": "{s}", "accept": "application/json"}}'),
-    _case("environ_repr_in_error", rnd(40),
-          "KeyError: 'MODEL' in environ({'PATH': '/usr/bin', 'OPENAI_API_KEY': '{s}', 'HOME': '/root'})"),
+    _case(
+        "environ_repr_in_error",
+        rnd(40),
+        "KeyError: 'MODEL' in environ({'PATH': '/usr/bin', 'OPENAI_API_KEY': '{s}', 'HOME': '/root'})",
+    ),
     _case("tfvars_password", rnd(18), 'db_password = "{s}"\ndb_user = "app"'),
     _case("ini_password", rnd(16), "[database]\nuser = app\npassword = {s}\nport = 5432\n"),
     _case("ruby_config_api_key", rnd(32), "config.api_key = '{s}'"),
@@ -158,34 +219,71 @@ SECRETS: list[tuple[str, str, str | dict[str, Any]]] = [
     _case("java_properties_password", rnd(16), "spring.datasource.username=app\nspring.datasource.password={s}"),
     _case("xml_password_element", rnd(16), "<datasource><user>app</user><password>{s}</password></datasource>"),
     _case("actions_log_bearer", rnd(40, URLSAFE), 'Run curl -H "Authorization: Bearer {s}" https://api.example.com'),
-    _case("slack_user_token", "xoxp-" + rnd(12, "0123456789") + "-" + rnd(12, "0123456789") + "-" + rnd(32, HEX),
-          "SLACK_USER_TOKEN: {s}"),
+    _case(
+        "slack_user_token",
+        "xoxp-" + rnd(12, "0123456789") + "-" + rnd(12, "0123456789") + "-" + rnd(32, HEX),
+        "SLACK_USER_TOKEN: {s}",
+    ),
     _case("openai_legacy_key", "sk-" + rnd(48), "openai.api_key = os.getenv('X') or '{s}'"),
     _case("anthropic_admin_key", "sk-ant-admin01-" + rnd(80, URLSAFE), "admin key {s}"),
-    _case("mapbox_secret_token", "sk.eyJ1Ijoi" + rnd(40, URLSAFE) + "." + rnd(22, URLSAFE),
-          "mapboxgl.accessToken = '{s}';"),
+    _case(
+        "mapbox_secret_token",
+        "sk.eyJ1Ijoi" + rnd(40, URLSAFE) + "." + rnd(22, URLSAFE),
+        "mapboxgl.accessToken = '{s}';",
+    ),
     _case("fcm_server_key", "AAAA" + rnd(7) + ":APA91b" + rnd(134, URLSAFE), "Authorization: key={s}"),
     _case("datadog_api_key", rnd(32, HEX), "DD_API_KEY={s} DD_SITE=datadoghq.eu ./agent"),
     _case("login_query_password", rnd(14), "GET /login?user=bob&password={s} HTTP/1.1"),
     _case("url_password_percent", rnd(10) + "%40" + rnd(6), "https://bob:{s}@example.com/private"),
-    _case("service_account_json", _RSA[64:128],
-          json.dumps({"type": "service_account", "private_key_id": rnd(40, HEX),
-                      "private_key": _pem("", _RSA) + "\n", "client_email": "sa@p.iam.gserviceaccount.com"})),
+    _case(
+        "service_account_json",
+        _RSA[64:128],
+        json.dumps(
+            {
+                "type": "service_account",
+                "private_key_id": rnd(40, HEX),
+                "private_key": _pem("", _RSA) + "\n",
+                "client_email": "sa@p.iam.gserviceaccount.com",
+            }
+        ),
+    ),
     _case("environ_assignment", rnd(40), "os.environ['OPENAI_API_KEY'] = '{s}'"),
 ]
 
 
 # -- placements: where capture holds a value, built as `build_trace` builds a trace --------------------------
 
-def _trace(*, arguments: Any = None, result: str = "ok", error: str | None = None, output: str = "done",
-           metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+
+def _trace(
+    *,
+    arguments: Any = None,
+    result: str = "ok",
+    error: str | None = None,
+    output: str = "done",
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
-        "session_id": "corpus", "timestamp": "2025-01-01T00:00:00+00:00", "user_query": "run the task",
-        "tool_calls": [{"tool_name": "shell", "arguments": {"cmd": "ls"} if arguments is None else arguments,
-                        "result": result, "success": error is None, "error": error, "duration_ms": 1.0,
-                        "timestamp": "2025-01-01T00:00:00+00:00", "call_id": "c1"}],
-        "reasoning_steps": [], "final_response": "done", "llm_calls": [{"model": "m", "output": output}],
-        "messages": None, "tools": [], "metadata": {"adapter": "generic", "method": "a_run", **(metadata or {})},
+        "session_id": "corpus",
+        "timestamp": "2025-01-01T00:00:00+00:00",
+        "user_query": "run the task",
+        "tool_calls": [
+            {
+                "tool_name": "shell",
+                "arguments": {"cmd": "ls"} if arguments is None else arguments,
+                "result": result,
+                "success": error is None,
+                "error": error,
+                "duration_ms": 1.0,
+                "timestamp": "2025-01-01T00:00:00+00:00",
+                "call_id": "c1",
+            }
+        ],
+        "reasoning_steps": [],
+        "final_response": "done",
+        "llm_calls": [{"model": "m", "output": output}],
+        "messages": None,
+        "tools": [],
+        "metadata": {"adapter": "generic", "method": "a_run", **(metadata or {})},
     }
 
 
@@ -196,10 +294,12 @@ def _text(payload: str | dict[str, Any]) -> str:
 PLACEMENTS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "tool_arguments": lambda p: _trace(arguments={"input": p} if isinstance(p, str) else p),
     "tool_result": lambda p: _trace(result=_text(p)),
-    "llm_output": lambda p: _trace(output=p if isinstance(p, str)
-                                   else f"Here is the config:\n```json\n{json.dumps(p, indent=2)}\n```"),
-    "exception": lambda p: _trace(error=f"RuntimeError: request failed: {p}" if isinstance(p, str)
-                                  else f"ValueError: bad config {p!r}"),
+    "llm_output": lambda p: _trace(
+        output=p if isinstance(p, str) else f"Here is the config:\n```json\n{json.dumps(p, indent=2)}\n```"
+    ),
+    "exception": lambda p: _trace(
+        error=f"RuntimeError: request failed: {p}" if isinstance(p, str) else f"ValueError: bad config {p!r}"
+    ),
     "nested": lambda p: _trace(arguments={"config": {"steps": [{"name": "deploy", "env": [p]}]}}),
     "json_in_json": lambda p: _trace(result=json.dumps({"status": 200, "body": json.dumps({"data": p})})),
     "metadata": lambda p: _trace(metadata={"note": p}),
@@ -233,13 +333,15 @@ def _strings(value: Any) -> Iterator[str]:
 def leaked(secret: str, trace: dict[str, Any]) -> bool:
     """A secret leaks if any 12-character piece of it (the whole, if shorter) is left anywhere."""
     width = min(len(secret), 12)
-    pieces = {secret[i:i + width] for i in range(len(secret) - width + 1)}
+    pieces = {secret[i : i + width] for i in range(len(secret) - width + 1)}
     return any(piece in s for s in _strings(trace) for piece in pieces)
 
 
 def _secret_results(placements: list[str]) -> dict[str, list[str]]:
-    return {where: [name for name, secret, payload in SECRETS if leaked(secret, stored(PLACEMENTS[where](payload)))]
-            for where in placements}
+    return {
+        where: [name for name, secret, payload in SECRETS if leaked(secret, stored(PLACEMENTS[where](payload)))]
+        for where in placements
+    }
 
 
 BENIGN: list[str] = [
@@ -389,17 +491,28 @@ def measure() -> dict[str, Any]:
     redacted = sum(n - len(miss) for miss in captured)
     return {
         "secret_forms": n,
-        "placements": {where: {"n": n, "redacted": n - len(miss), "rate": round(1 - len(miss) / n, 4), "missed": miss}
-                       for where, miss in results.items()},
-        "all_but_metadata": {"n": n * len(captured), "redacted": redacted,
-                             "rate": round(redacted / (n * len(captured)), 4),
-                             "interval95": wilson(redacted, n * len(captured))},
-        "benign": {"n": len(BENIGN), "altered": len(altered), "rate": round(len(altered) / len(BENIGN), 4),
-                   "interval95": wilson(len(altered), len(BENIGN)), "altered_texts": altered},
+        "placements": {
+            where: {"n": n, "redacted": n - len(miss), "rate": round(1 - len(miss) / n, 4), "missed": miss}
+            for where, miss in results.items()
+        },
+        "all_but_metadata": {
+            "n": n * len(captured),
+            "redacted": redacted,
+            "rate": round(redacted / (n * len(captured)), 4),
+            "interval95": wilson(redacted, n * len(captured)),
+        },
+        "benign": {
+            "n": len(BENIGN),
+            "altered": len(altered),
+            "rate": round(len(altered) / len(BENIGN), 4),
+            "interval95": wilson(len(altered), len(BENIGN)),
+            "altered_texts": altered,
+        },
     }
 
 
 # -- the tests -------------------------------------------------------------------------------------------------
+
 
 def test_the_corpora_are_broad() -> None:
     assert len(SECRETS) >= 40 and len(BENIGN) >= 60
@@ -422,12 +535,14 @@ def test_secrets_are_redacted_in_metadata() -> None:
 
 def test_benign_code_and_prose_are_left_alone() -> None:
     altered = _benign_altered()
-    assert len(altered) / len(BENIGN) <= BENIGN_ALTERED_MAX, \
+    assert len(altered) / len(BENIGN) <= BENIGN_ALTERED_MAX, (
         f"{len(altered)} of {len(BENIGN)} benign strings altered: {altered}"
+    )
 
 
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), RecursionError("deep"),
-                                 MemoryError()])
+@pytest.mark.parametrize(
+    "exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), RecursionError("deep"), MemoryError()]
+)
 def test_a_mask_raising_anything_masks_the_value_whole_and_counts(exc: BaseException) -> None:
     def mask(text: str) -> str:
         raise exc

@@ -18,23 +18,44 @@ RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering
 def _store(tmp_path: Path) -> TraceStore:
     store = TraceStore(tmp_path / "store")
     for i in range(6):
-        store.write(ExecutionTrace(
-            trace_id=f"t{i}", timestamp=f"2026-11-{10 + i % 3:02d}T10:00:00", agent_name="demo",
-            user_query="<script>alert(1)</script>" if i == 0 else f"task {i}",
-            tool_calls=[ToolCallTrace(tool_name="calc", success=i % 2 == 0), ToolCallTrace(tool_name="<b>evil</b>")],
-            rewards={"format": i / 5, "code_execution": None}, reward_score=i / 5, label=i > 2,
-            label_source="manual" if i == 5 else "engine"))
+        store.write(
+            ExecutionTrace(
+                trace_id=f"t{i}",
+                timestamp=f"2026-11-{10 + i % 3:02d}T10:00:00",
+                agent_name="demo",
+                user_query="<script>alert(1)</script>" if i == 0 else f"task {i}",
+                tool_calls=[
+                    ToolCallTrace(tool_name="calc", success=i % 2 == 0),
+                    ToolCallTrace(tool_name="<b>evil</b>"),
+                ],
+                rewards={"format": i / 5, "code_execution": None},
+                reward_score=i / 5,
+                label=i > 2,
+                label_source="manual" if i == 5 else "engine",
+            )
+        )
     return store
 
 
 def _run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1 / s, "reward": s / 10, "kl": s / 100}) + "\n" for s in range(1, 5)) + '{"step": 5, "loss"')
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 1 / s, "reward": s / 10, "kl": s / 100}) + "\n" for s in range(1, 5))
+        + '{"step": 5, "loss"'
+    )
     (run / "eval").mkdir()
-    (run / "eval" / "eval_report.json").write_text(json.dumps({
-        "model": "run/adapter", "baseline": "smollm2-135m", "n_prompts": 4,
-        "per_reward": {"format": {"baseline": 0.4, "model": 0.6}}, "combined": {"baseline": 0.4, "model": 0.6}}))
+    (run / "eval" / "eval_report.json").write_text(
+        json.dumps(
+            {
+                "model": "run/adapter",
+                "baseline": "smollm2-135m",
+                "n_prompts": 4,
+                "per_reward": {"format": {"baseline": 0.4, "model": 0.6}},
+                "combined": {"baseline": 0.4, "model": 0.6},
+            }
+        )
+    )
     return run
 
 
@@ -61,14 +82,30 @@ def test_report_cli_on_an_unscored_store(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_missing_run_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["report", "--store", str(tmp_path), "--out", str(tmp_path / "o"), "--run", str(tmp_path / "nope")]) == 2
+    assert (
+        main(["report", "--store", str(tmp_path), "--out", str(tmp_path / "o"), "--run", str(tmp_path / "nope")]) == 2
+    )
     assert "does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="headless Chromium not installed (apt-get install chromium)"
+)
 def test_report_renders_in_a_real_browser(tmp_path: Path) -> None:
     result = make_report(_store(tmp_path), tmp_path / "out", [_run_dir(tmp_path)])
     shot = tmp_path / "shot.png"
-    subprocess.run(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,2400",
-                    f"--screenshot={shot}", result.html.as_uri()], capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [
+            "chromium",
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1200,2400",
+            f"--screenshot={shot}",
+            result.html.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert shot.is_file() and shot.stat().st_size > 20_000  # a blank page is a few KB

@@ -102,8 +102,11 @@ class _PartialClient:
         return parse({"scores": [{"trajectory_id": "1", "score": 0.8}]}), False
 
 
-@pytest.mark.parametrize("exc", [JudgeRequestError("cannot reach http://judge/v1: refused", True),
-                                 RuntimeError("judge bug")], ids=["request", "bug"])
+@pytest.mark.parametrize(
+    "exc",
+    [JudgeRequestError("cannot reach http://judge/v1: refused", True), RuntimeError("judge bug")],
+    ids=["request", "bug"],
+)
 @pytest.mark.parametrize("mode", ["relative", "absolute"])
 def test_judge_errors_surface_as_errors(exc, mode):
     judge = LLMJudgeReward(mode=mode, client=_RaisingClient(exc))
@@ -130,13 +133,18 @@ def test_judge_reply_missing_a_trajectory_is_an_error_for_that_one():
 
 # -- TRL ----------------------------------------------------------------------------------------------------
 
+
 def test_trl_crash_gives_none_to_its_whole_prompt_group_and_is_counted(caplog):
     func = Crashing(marker="boom").as_reward_func()
     metrics: list[tuple[str, float]] = []
     prompts = ["p1", "p1", "p2", "p2"]
     with caplog.at_level(logging.WARNING, logger="flowrl"):
-        out = func(prompts=prompts, completions=["ok", "boom", "ok", "ok"], log_metric=lambda n, v: metrics.append((n, v)))
-        again = func(prompts=prompts, completions=["ok", "boom", "ok", "ok"], log_metric=lambda n, v: metrics.append((n, v)))
+        out = func(
+            prompts=prompts, completions=["ok", "boom", "ok", "ok"], log_metric=lambda n, v: metrics.append((n, v))
+        )
+        again = func(
+            prompts=prompts, completions=["ok", "boom", "ok", "ok"], log_metric=lambda n, v: metrics.append((n, v))
+        )
     assert out == again == [None, None, 0.5, 0.5]  # p1's group drops the reward alike; p2's keeps it
     assert func.stats == {"calls": 2, "completions": 8, "errors": 2, "voided": 4}
     assert metrics == [("flowrl/crashing/errors", 1.0), ("flowrl/crashing/errors", 1.0)]
@@ -160,11 +168,19 @@ def test_trl_batch_that_raises_is_none_for_every_completion_not_an_exception():
 
 # -- flowrl score -------------------------------------------------------------------------------------------
 
+
 def _store(root: Path, n: int) -> TraceStore:
     store = TraceStore(root)
     for i in range(n):
-        store.write(ExecutionTrace(trace_id=f"t{i}", timestamp="2026-11-22T10:00:00", user_query=f"task {i}",
-                                   final_response=f"answer {i}", success=True))
+        store.write(
+            ExecutionTrace(
+                trace_id=f"t{i}",
+                timestamp="2026-11-22T10:00:00",
+                user_query=f"task {i}",
+                final_response=f"answer {i}",
+                success=True,
+            )
+        )
     return store
 
 
@@ -174,8 +190,9 @@ def _with_crashing(monkeypatch, marker: str) -> None:
     class Engine(RewardEngine):
         @classmethod
         def from_config(cls, path=None):
-            return RewardEngine({"good": Fixed("good", 1.0), "crashing": Crashing(marker)},
-                                {"good": 1.0, "crashing": 1.0})
+            return RewardEngine(
+                {"good": Fixed("good", 1.0), "crashing": Crashing(marker)}, {"good": 1.0, "crashing": 1.0}
+            )
 
     monkeypatch.setattr(score_cli, "RewardEngine", Engine)
 
@@ -209,7 +226,10 @@ def test_score_within_the_budget_writes_and_reports_the_error_count(tmp_path, mo
     assert main(["score", "--store", str(store.root)]) == 0
     captured = capsys.readouterr()
     assert "scored 50 of 50 traces" in captured.out
-    assert "errors: 1 of 100 results (1.0%, budget 1%)" in captured.out and "1 traces written without a combined score" in captured.out
+    assert (
+        "errors: 1 of 100 results (1.0%, budget 1%)" in captured.out
+        and "1 traces written without a combined score" in captured.out
+    )
     assert "crashing crashed on 1 of 50 traces, first: ValueError: kaputt" in captured.err
     crashed = store.get("t7")
     assert crashed.rewards == {"good": 1.0, "crashing": None}

@@ -14,9 +14,13 @@ from flowrl.rewards.config import DEFAULT_THRESHOLD, DEFAULT_WEIGHTS, TOOLBOXV2_
 from flowrl.rewards.format import FormatComplianceReward, parse_tool_markup
 from flowrl.schema import ExecutionTrace, ToolCallTrace
 
-PROMPT = [{"role": "system", "content": "You are a helpful agent with tools."},
-          {"role": "user", "content": "What is 12*7?"}]
-WELL_FORMED = '<tool_call>{"name": "exec_code", "arguments": {"code": "print(12*7)"}}</tool_call>'  # as the example agent writes
+PROMPT = [
+    {"role": "system", "content": "You are a helpful agent with tools."},
+    {"role": "user", "content": "What is 12*7?"},
+]
+WELL_FORMED = (
+    '<tool_call>{"name": "exec_code", "arguments": {"code": "print(12*7)"}}</tool_call>'  # as the example agent writes
+)
 GARBAGE = 'asdf }{ <tool_call>{"name": '
 PROSE = "The answer is 83."
 
@@ -47,12 +51,15 @@ def test_plain_prose_answer_is_clean(shape):
     assert fmt(shape(PROSE)) == 1.0
 
 
-@pytest.mark.parametrize("markup", [
-    "<tool_call>{bad json</tool_call>",
-    '<tool_call>{"arguments": {"code": "1"}}</tool_call>',  # no name
-    '<tool_call>{"name": "exec_code", "arguments": [1, 2]}</tool_call>',  # arguments not an object
-    "[TOOL_CALLS] get_weather",
-])
+@pytest.mark.parametrize(
+    "markup",
+    [
+        "<tool_call>{bad json</tool_call>",
+        '<tool_call>{"arguments": {"code": "1"}}</tool_call>',  # no name
+        '<tool_call>{"name": "exec_code", "arguments": [1, 2]}</tool_call>',  # arguments not an object
+        "[TOOL_CALLS] get_weather",
+    ],
+)
 def test_malformed_markup_alone_scores_zero(markup):
     assert fmt(markup) == 0.0
 
@@ -65,33 +72,67 @@ def test_markup_in_a_prose_answer_is_still_a_leak():
 
 @pytest.mark.parametrize("arguments", ['{"code": "print(12*7)"}', {"code": "print(12*7)"}], ids=["json-string", "dict"])
 def test_structured_tool_call_completion_scores_one(arguments):
-    completion = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "exec_code", "arguments": arguments}}]}]
+    completion = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "exec_code", "arguments": arguments}}
+            ],
+        }
+    ]
     assert fmt(completion) == 1.0
 
 
 def test_captured_structured_tool_call_trace_scores_one():
-    trace = ExecutionTrace(user_query="What is 12*7?", final_response="12*7 = 84.", success=True, messages=[
-        *PROMPT,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "exec_code", "arguments": '{"code": "print(12*7)"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "84"},
-        {"role": "assistant", "content": "12*7 = 84."}])
+    trace = ExecutionTrace(
+        user_query="What is 12*7?",
+        final_response="12*7 = 84.",
+        success=True,
+        messages=[
+            *PROMPT,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "exec_code", "arguments": '{"code": "print(12*7)"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "84"},
+            {"role": "assistant", "content": "12*7 = 84."},
+        ],
+    )
     r = FormatComplianceReward().score(trace)
     assert r.value == 1.0 and r.details["checks"]["json_arguments"] == 1.0
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
-    '<tool_call>{"name": "a", "arguments": {"x": 1}}',  # closing tag eaten by a stop string
-    "<tool_call>\n<function=exec_code>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>",
-    '<|python_tag|>{"name": "a", "parameters": {"x": 1}}<|eom_id|>',
-    '<function=a>{"x": 1}</function>',
-    '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]',
-    '[TOOL_CALLS]a[ARGS]{"x": 1}',
-    '{"name": "a", "arguments": {"x": 1}}',
-], ids=["hermes-two", "hermes-unclosed", "qwen3-coder", "llama-python-tag", "llama-function", "mistral-v3",
-        "mistral-args", "bare-json"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+        '<tool_call>{"name": "a", "arguments": {"x": 1}}',  # closing tag eaten by a stop string
+        "<tool_call>\n<function=exec_code>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>",
+        '<|python_tag|>{"name": "a", "parameters": {"x": 1}}<|eom_id|>',
+        '<function=a>{"x": 1}</function>',
+        '[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]',
+        '[TOOL_CALLS]a[ARGS]{"x": 1}',
+        '{"name": "a", "arguments": {"x": 1}}',
+    ],
+    ids=[
+        "hermes-two",
+        "hermes-unclosed",
+        "qwen3-coder",
+        "llama-python-tag",
+        "llama-function",
+        "mistral-v3",
+        "mistral-args",
+        "bare-json",
+    ],
+)
 def test_tool_call_families_are_read(text):
     calls, rest = parse_tool_markup(text)
     assert calls and all(c.well_formed for c in calls) and not rest.strip()
@@ -116,20 +157,35 @@ def test_allowed_reasoning_before_calls_is_part_of_the_turn():
 
 
 def task_trace(final: str, **fields) -> ExecutionTrace:
-    return ExecutionTrace(user_query="What is 12*7?", final_response=final, metadata={"reference_answer": "84"},
-                          group_key="mul-12-7", **fields)
+    return ExecutionTrace(
+        user_query="What is 12*7?",
+        final_response=final,
+        metadata={"reference_answer": "84"},
+        group_key="mul-12-7",
+        **fields,
+    )
 
 
 def terse_right() -> ExecutionTrace:
     """Right answer, ugly run: a failed tool call, a leaked reasoning tag, no success flag."""
-    return task_trace("<think>ugh</think>84", tool_calls=[
-        ToolCallTrace(tool_name="lookup", arguments={"key": "12*7"}, result="Error: no fact", success=False)])
+    return task_trace(
+        "<think>ugh</think>84",
+        tool_calls=[
+            ToolCallTrace(tool_name="lookup", arguments={"key": "12*7"}, result="Error: no fact", success=False)
+        ],
+    )
 
 
 def pretty_wrong() -> ExecutionTrace:
     """Wrong answer, polished run: clean code that ran, a clean answer, and the agent claims success."""
-    return task_trace("I computed it with Python: 12*7 = 83.", success=True, status="completed", tool_calls=[
-        ToolCallTrace(tool_name="exec_code", arguments={"code": "print(12*7 - 1)"}, result="83", success=True)])
+    return task_trace(
+        "I computed it with Python: 12*7 = 83.",
+        success=True,
+        status="completed",
+        tool_calls=[
+            ToolCallTrace(tool_name="exec_code", arguments={"code": "print(12*7 - 1)"}, result="83", success=True)
+        ],
+    )
 
 
 def test_right_but_terse_beats_wrong_but_pretty_with_default_weights():
@@ -152,9 +208,9 @@ def test_wrong_never_outscores_right_whatever_the_style_rewards_say(correctness)
     engine = RewardEngine({n: _Named(n) for n in weights}, weights)
     ranked = ("task_completion", "reference_answer", "host_outcome")  # each outranks the ones before it
     style = [n for n in weights if n not in ranked]
-    style += ranked[:ranked.index(correctness)]  # what the agent claimed does not outvote the known answer, and
+    style += ranked[: ranked.index(correctness)]  # what the agent claimed does not outvote the known answer, and
     # neither outvotes the host's verdict
-    silent = ranked[ranked.index(correctness) + 1:]  # no known answer, no word from the host
+    silent = ranked[ranked.index(correctness) + 1 :]  # no known answer, no word from the host
     options = (None, 0.0, 1.0)
 
     def combined(value: float, others: tuple) -> float:
@@ -170,9 +226,17 @@ def test_wrong_never_outscores_right_whatever_the_style_rewards_say(correctness)
 def test_right_run_reaches_the_threshold_with_every_default_style_reward_at_zero():
     engine = RewardEngine({n: _Named(n) for n in DEFAULT_WEIGHTS}, DEFAULT_WEIGHTS)
     zeros = {n: RewardResult(0.0) for n in DEFAULT_WEIGHTS} | {"host_outcome": RewardResult(None)}  # host silent
-    assert engine.compute_combined({**zeros, "reference_answer": RewardResult(None), "task_completion": RewardResult(1.0)}) >= 0.6
-    assert engine.compute_combined({**zeros, "reference_answer": RewardResult(1.0), "task_completion": RewardResult(None)}) >= 0.6
-    assert engine.get_binary_label({**zeros, "reference_answer": RewardResult(1.0)}) is False  # task_completion 0: gated
+    assert (
+        engine.compute_combined({**zeros, "reference_answer": RewardResult(None), "task_completion": RewardResult(1.0)})
+        >= 0.6
+    )
+    assert (
+        engine.compute_combined({**zeros, "reference_answer": RewardResult(1.0), "task_completion": RewardResult(None)})
+        >= 0.6
+    )
+    assert (
+        engine.get_binary_label({**zeros, "reference_answer": RewardResult(1.0)}) is False
+    )  # task_completion 0: gated
 
 
 def test_toolboxv2_weights_are_one_documented_config_away(tmp_path):

@@ -20,15 +20,22 @@ def test_reference_reward_reads_metadata_and_grpo_columns() -> None:
     assert r.score(ExecutionTrace(final_response="41", metadata={"reference_answer": "42"})).value == 0.0
     assert r.score(ExecutionTrace(final_response="42")).value is None
     func = r.as_reward_func()
-    assert func(prompts=["What is 6*7?"] * 2, completions=["It is 42", "It is 24"], reference_answer=["42", "42"]) == [1.0, 0.0]
+    assert func(prompts=["What is 6*7?"] * 2, completions=["It is 42", "It is 24"], reference_answer=["42", "42"]) == [
+        1.0,
+        0.0,
+    ]
     # a reference guessed from another run's answer is not a reference
     assert func(prompts=["q"], completions=["x"], reference_answer=["x"], reference_source=["best_trace"]) == [None]
 
 
 def test_a_failed_task_is_never_labelled_good() -> None:
     engine = RewardEngine(rewards={}, weights={})
-    high_but_failed = {"syntax": RewardResult(1.0), "format": RewardResult(1.0), "tool_success": RewardResult(1.0),
-                       "task_completion": RewardResult(0.0)}
+    high_but_failed = {
+        "syntax": RewardResult(1.0),
+        "format": RewardResult(1.0),
+        "tool_success": RewardResult(1.0),
+        "task_completion": RewardResult(0.0),
+    }
     engine.weights = {"syntax": 1.0, "format": 1.0, "tool_success": 2.0, "task_completion": 1.5}
     assert engine.compute_combined(high_but_failed) > 0.6
     assert engine.get_binary_label(high_but_failed) is False
@@ -40,6 +47,7 @@ def test_a_failed_task_is_never_labelled_good() -> None:
 def test_default_engine_has_reference_answer() -> None:
     with RewardEngine() as engine:
         assert "reference_answer" in engine.names
-        results = engine.compute_all(ExecutionTrace(user_query="What is 45 + 38?", final_response="83",
-                                                    metadata={"reference_answer": "83"}))
+        results = engine.compute_all(
+            ExecutionTrace(user_query="What is 45 + 38?", final_response="83", metadata={"reference_answer": "83"})
+        )
         assert results["reference_answer"].value == 1.0

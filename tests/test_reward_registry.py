@@ -39,8 +39,15 @@ def _fake_distribution(root: Path, name: str, entry_points: str) -> None:
 def _store(root: Path) -> TraceStore:
     store = TraceStore(root)
     for i, answer in enumerate(["4", "the answer is forty-two, twice over"]):
-        store.write(ExecutionTrace(trace_id=f"t{i}", timestamp="2026-11-22T10:00:00", user_query=f"task {i}",
-                                   final_response=answer, success=True))
+        store.write(
+            ExecutionTrace(
+                trace_id=f"t{i}",
+                timestamp="2026-11-22T10:00:00",
+                user_query=f"task {i}",
+                final_response=answer,
+                success=True,
+            )
+        )
     return store
 
 
@@ -83,8 +90,9 @@ def test_a_new_builtin_is_exported_from_its_registry_line() -> None:
     assert {"RewardEngine", "ScoreSummary", "score_store", "register_reward"} <= set(flowrl.rewards.__all__)
 
 
-def test_installed_plugin_is_registered_enabled_with_its_default_weight(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_installed_plugin_is_registered_enabled_with_its_default_weight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _fake_distribution(tmp_path, "fakeplug", "length = plugins.length_reward:LengthReward")
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -107,10 +115,12 @@ def test_plugins_are_loaded_once_on_first_use(tmp_path: Path, monkeypatch: pytes
     assert "length" in reward_names()
 
 
-def test_broken_plugin_is_skipped_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    _fake_distribution(tmp_path, "brokenplug", "broken = plugins.no_such_module:Nothing\n"
-                                               "length = plugins.length_reward:LengthReward")
+def test_broken_plugin_is_skipped_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fake_distribution(
+        tmp_path, "brokenplug", "broken = plugins.no_such_module:Nothing\nlength = plugins.length_reward:LengthReward"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="flowrl"):
         names = reward_names()
@@ -118,27 +128,33 @@ def test_broken_plugin_is_skipped_with_one_warning(tmp_path: Path, monkeypatch: 
     assert "broken" not in names and "length" in names  # the package's good reward still loads
     warnings = [r.getMessage() for r in caplog.records if "broken" in r.getMessage()]
     assert len(warnings) == 1
-    assert "brokenplug" in warnings[0] and "ModuleNotFoundError" in warnings[0] and "plugins.no_such_module" in warnings[0]
+    assert (
+        "brokenplug" in warnings[0] and "ModuleNotFoundError" in warnings[0] and "plugins.no_such_module" in warnings[0]
+    )
 
     store = _store(tmp_path / "store")
     assert main(["score", "--store", str(store.root)]) == 0  # never crashes `flowrl score`
     assert "length" in store.get("t0").rewards
 
 
-def test_plugin_cannot_take_a_builtin_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_plugin_cannot_take_a_builtin_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     _fake_distribution(tmp_path, "squatter", "format = plugins.length_reward:LengthReward")
     monkeypatch.syspath_prepend(str(tmp_path))
     builtin = REGISTRY["format"]
     with caplog.at_level(logging.WARNING, logger="flowrl"):
         reward_names()
     assert REGISTRY["format"] is builtin
-    assert any("'format'" in r.getMessage() and "squatter" in r.getMessage() and "built-in" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "'format'" in r.getMessage() and "squatter" in r.getMessage() and "built-in" in r.getMessage()
+        for r in caplog.records
+    )
 
 
-def test_plugin_that_is_not_a_reward_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_plugin_that_is_not_a_reward_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     _fake_distribution(tmp_path, "oddplug", "odd = plugins.length_reward:answer_text")
     monkeypatch.syspath_prepend(str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="flowrl"):
@@ -147,6 +163,7 @@ def test_plugin_that_is_not_a_reward_is_skipped(tmp_path: Path, monkeypatch: pyt
 
 
 # -- max_error_rate in the reward config -----------------------------------------------------------------------
+
 
 def test_max_error_rate_is_read_from_the_config(tmp_path: Path) -> None:
     path = tmp_path / "rewards.toml"
@@ -165,8 +182,9 @@ def test_max_error_rate_is_validated(tmp_path: Path, value: str) -> None:
         load_config(path)
 
 
-def test_score_takes_the_flag_then_the_config_key_then_the_default(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_score_takes_the_flag_then_the_config_key_then_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from plugins.length_reward import LengthReward
 
     class Crashing(LengthReward):

@@ -27,8 +27,14 @@ def rl_trace(trace_id: str) -> ExecutionTrace:
 def obs_trace(run: str) -> ExecutionTrace:
     """A trace shaped like what obs ingest gives: the FlowAgent working_history as `messages`, no tool_calls."""
     ctx = json.loads((FIXTURES / "execution_contexts.json").read_text())[run]
-    return ExecutionTrace(user_query=ctx["query"], messages=ctx["working_history"], status=ctx["status"],
-                          source="obs", run_id=ctx["run_id"], session_id=ctx["session_id"])
+    return ExecutionTrace(
+        user_query=ctx["query"],
+        messages=ctx["working_history"],
+        status=ctx["status"],
+        source="obs",
+        run_id=ctx["run_id"],
+        session_id=ctx["session_id"],
+    )
 
 
 def call(name: str, result: str = "ok", success: bool = True, **args) -> ToolCallTrace:
@@ -36,8 +42,11 @@ def call(name: str, result: str = "ok", success: bool = True, **args) -> ToolCal
 
 
 def assistant_call(name: str, arguments: str, call_id: str = "c1") -> dict:
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
 
 
 # -- the real fixtures -------------------------------------------------------------------------------
@@ -70,14 +79,18 @@ def test_fixture_traceback_inside_success_result_is_a_failure():
 
 def test_traceback_in_reported_success_counts_as_failure_even_unmigrated():
     result = "{'success': True, 'output': 'Traceback (most recent call last):\\n  ...\\nIndexError: x', 'error': None}"
-    t = ExecutionTrace(tool_calls=[call("exec_code", result, True, code="x[3]"), call("exec_code", "{'success': True, 'output': '1'}")])
+    t = ExecutionTrace(
+        tool_calls=[call("exec_code", result, True, code="x[3]"), call("exec_code", "{'success': True, 'output': '1'}")]
+    )
     r = ToolSuccessReward().score(t)
     assert r.value == 0.5
     assert r.details["reported_success_but_failed"] == ["exec_code"]
 
 
 def test_dict_result_with_success_false_is_a_failure():
-    t = ExecutionTrace(tool_calls=[call("exec_code", "{'success': False, 'output': '', 'error': 'boom'}", True, code="1")])
+    t = ExecutionTrace(
+        tool_calls=[call("exec_code", "{'success': False, 'output': '', 'error': 'boom'}", True, code="1")]
+    )
     assert ToolSuccessReward().score(t).value == 0.0
 
 
@@ -136,7 +149,7 @@ def test_syntax_shell_via_bash_n():
     reward = SyntaxValidationReward()
     if reward.bash is None:
         pytest.skip("bash is not installed")
-    ok = ExecutionTrace(final_response="```bash\nfor f in *.txt; do echo \"$f\"; done\n```")
+    ok = ExecutionTrace(final_response='```bash\nfor f in *.txt; do echo "$f"; done\n```')
     broken = ExecutionTrace(final_response="```bash\nif [ -f x ]; then echo hi\n```")
     assert reward.score(ok).value == 1.0
     assert reward.score(broken).value == 0.0
@@ -184,8 +197,13 @@ def test_tool_success_none_when_calls_have_no_results():
 
 
 def test_tool_success_error_prefixes():
-    t = ExecutionTrace(tool_calls=[call("a", "System-Error: Invalid JSON in tool arguments"),
-                                   call("b", "Error: Tool 'b' war noch nicht geladen"), call("c", "fine")])
+    t = ExecutionTrace(
+        tool_calls=[
+            call("a", "System-Error: Invalid JSON in tool arguments"),
+            call("b", "Error: Tool 'b' war noch nicht geladen"),
+            call("c", "fine"),
+        ]
+    )
     assert ToolSuccessReward().score(t).value == pytest.approx(1 / 3)
 
 
@@ -216,8 +234,13 @@ def test_task_completion_rules(kwargs, expected):
 
 
 def test_task_completion_final_answer_flag_beats_status():
-    t = ExecutionTrace(status="completed", messages=[{"role": "user", "content": "q"},
-                                                     assistant_call("final_answer", '{"answer": "no", "success": false}')])
+    t = ExecutionTrace(
+        status="completed",
+        messages=[
+            {"role": "user", "content": "q"},
+            assistant_call("final_answer", '{"answer": "no", "success": false}'),
+        ],
+    )
     assert TaskCompletionReward().score(t).value == 0.0
 
 
@@ -272,8 +295,13 @@ def test_format_clean_answer():
 
 @pytest.mark.parametrize(
     "answer",
-    ["<think>hmm</think>The answer is 42.", "The answer <|im_end|>", "Sure. <tool_call>{\"name\": \"x\"}</tool_call>",
-     'I will call {"name": "get_weather", "arguments": {"city": "Rome"}}', "[TOOL_CALLS] get_weather"],
+    [
+        "<think>hmm</think>The answer is 42.",
+        "The answer <|im_end|>",
+        'Sure. <tool_call>{"name": "x"}</tool_call>',
+        'I will call {"name": "get_weather", "arguments": {"city": "Rome"}}',
+        "[TOOL_CALLS] get_weather",
+    ],
 )
 def test_format_leaks_are_penalised(answer):
     r = FormatComplianceReward().score(ExecutionTrace(final_response=answer))
@@ -296,10 +324,17 @@ def test_format_empty_answer_scores_zero():
 
 
 def test_format_invalid_json_arguments():
-    t = ExecutionTrace(final_response="done", messages=[
-        {"role": "user", "content": "q"}, assistant_call("a", "{bad json", "c1"), {"role": "tool", "tool_call_id": "c1", "content": "x"},
-        assistant_call("b", '{"ok": true}', "c2"), {"role": "tool", "tool_call_id": "c2", "content": "y"},
-        {"role": "assistant", "content": "done"}])
+    t = ExecutionTrace(
+        final_response="done",
+        messages=[
+            {"role": "user", "content": "q"},
+            assistant_call("a", "{bad json", "c1"),
+            {"role": "tool", "tool_call_id": "c1", "content": "x"},
+            assistant_call("b", '{"ok": true}', "c2"),
+            {"role": "tool", "tool_call_id": "c2", "content": "y"},
+            {"role": "assistant", "content": "done"},
+        ],
+    )
     r = FormatComplianceReward().score(t)
     assert r.details["checks"]["json_arguments"] == 0.5
     assert r.value == pytest.approx(3.5 / 4)
@@ -326,6 +361,11 @@ def test_reward_result_clamps_and_nan_is_none():
 
 def test_score_batch_matches_score():
     traces = [rl_trace(i) for i in ("0498911e921f", "2a86d8ba994f", "eb4f7d6913ae")]
-    for reward in (SyntaxValidationReward(), ToolSuccessReward(), TaskCompletionReward(), EfficiencyReward(),
-                   FormatComplianceReward()):
+    for reward in (
+        SyntaxValidationReward(),
+        ToolSuccessReward(),
+        TaskCompletionReward(),
+        EfficiencyReward(),
+        FormatComplianceReward(),
+    ):
         assert [r.value for r in reward.score_batch(traces)] == [reward.score(t).value for t in traces]

@@ -23,9 +23,15 @@ def call_like_trl(func, prompts, completions, **columns):
     """GRPOTrainer passes prompts, completions, completion_ids, every extra dataset column (one value per
     completion), trainer_state, log_extra and log_metric, all as keyword arguments."""
     n = len(completions)
-    return func(prompts=prompts, completions=completions, completion_ids=[[1, 2, 3]] * n,
-                trainer_state=_State(), log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
-                **{k: [v] * n for k, v in columns.items()})
+    return func(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=[[1, 2, 3]] * n,
+        trainer_state=_State(),
+        log_extra=lambda *a, **k: None,
+        log_metric=lambda *a, **k: None,
+        **{k: [v] * n for k, v in columns.items()},
+    )
 
 
 STRING_PROMPTS = ["Write a function that adds one."] * 3
@@ -35,22 +41,40 @@ STRING_COMPLETIONS = [
     "<think>easy</think>Error: I cannot do that.",
 ]
 
-CONV_PROMPTS = [[{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather in Rome?"}]] * 3
+CONV_PROMPTS = [
+    [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather in Rome?"}]
+] * 3
 CONV_COMPLETIONS = [
     # TRL's tool loop: tool_calls with dict arguments and no ids, tool messages matched by name
-    [{"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
-     {"role": "tool", "name": "get_weather", "content": "Rome: 25C, sunny"},
-     {"role": "assistant", "content": "It is 25C and sunny in Rome."}],
-    [{"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
-     {"role": "tool", "name": "get_weather", "content": "{'error': 'service down'}"},
-     {"role": "assistant", "content": "Sorry, the weather service is down."}],
+    [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}],
+        },
+        {"role": "tool", "name": "get_weather", "content": "Rome: 25C, sunny"},
+        {"role": "assistant", "content": "It is 25C and sunny in Rome."},
+    ],
+    [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}],
+        },
+        {"role": "tool", "name": "get_weather", "content": "{'error': 'service down'}"},
+        {"role": "assistant", "content": "Sorry, the weather service is down."},
+    ],
     [{"role": "assistant", "content": "It is probably sunny."}],
 ]
 
-REWARDS = [SyntaxValidationReward(), ToolSuccessReward(), TaskCompletionReward(), EfficiencyReward(),
-           FormatComplianceReward(), LearnedReward()]
+REWARDS = [
+    SyntaxValidationReward(),
+    ToolSuccessReward(),
+    TaskCompletionReward(),
+    EfficiencyReward(),
+    FormatComplianceReward(),
+    LearnedReward(),
+]
 
 
 @pytest.mark.parametrize("reward", REWARDS, ids=lambda r: r.name)
@@ -63,8 +87,11 @@ def test_reward_func_signature(reward):
 
 
 @pytest.mark.parametrize("reward", REWARDS, ids=lambda r: r.name)
-@pytest.mark.parametrize(("prompts", "completions"), [(STRING_PROMPTS, STRING_COMPLETIONS), (CONV_PROMPTS, CONV_COMPLETIONS)],
-                         ids=["string", "conversational"])
+@pytest.mark.parametrize(
+    ("prompts", "completions"),
+    [(STRING_PROMPTS, STRING_COMPLETIONS), (CONV_PROMPTS, CONV_COMPLETIONS)],
+    ids=["string", "conversational"],
+)
 def test_reward_func_returns_one_float_or_none_per_completion(reward, prompts, completions):
     out = call_like_trl(reward.as_reward_func(), prompts, completions, task_id="t1")
     assert len(out) == len(completions)
@@ -104,8 +131,9 @@ def test_learned_reward_func_is_none_until_trained():
 def test_engine_reward_funcs_and_weights():
     from flowrl.rewards.engine import RewardEngine
 
-    engine = RewardEngine({"syntax": SyntaxValidationReward(), "format": FormatComplianceReward()},
-                          {"syntax": 1.0, "format": 0.5})
+    engine = RewardEngine(
+        {"syntax": SyntaxValidationReward(), "format": FormatComplianceReward()}, {"syntax": 1.0, "format": 0.5}
+    )
     funcs, weights = engine.reward_funcs()
     assert weights == [1.0, 0.5]
     assert [f.__name__ for f in funcs] == ["flowrl_syntax", "flowrl_format"]

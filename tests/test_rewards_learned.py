@@ -16,13 +16,24 @@ pytest.importorskip("numpy")
 
 def make_trace(i: int, good: bool, label_source: str | None = "manual") -> ExecutionTrace:
     rng = random.Random(i)
-    calls = [ToolCallTrace(tool_name="search", arguments={"q": f"{i}-{k}"}, result="found it") for k in range(rng.randint(1, 3))]
+    calls = [
+        ToolCallTrace(tool_name="search", arguments={"q": f"{i}-{k}"}, result="found it")
+        for k in range(rng.randint(1, 3))
+    ]
     if not good:
-        calls.append(ToolCallTrace(tool_name="fetch", arguments={"id": i}, result="Error executing fetch: timeout", success=False))
+        calls.append(
+            ToolCallTrace(
+                tool_name="fetch", arguments={"id": i}, result="Error executing fetch: timeout", success=False
+            )
+        )
     return ExecutionTrace(
-        trace_id=f"t{i:04d}", user_query=f"question {i}", tool_calls=calls,
+        trace_id=f"t{i:04d}",
+        user_query=f"question {i}",
+        tool_calls=calls,
         final_response=("Here is the answer " * rng.randint(1, 5)) if good else "Error: could not finish",
-        success=good if rng.random() > 0.2 else None, label=good, label_source=label_source,
+        success=good if rng.random() > 0.2 else None,
+        label=good,
+        label_source=label_source,
         manual_review=label_source == "manual",
     )
 

@@ -33,8 +33,10 @@ class FakeAgent:
 
     def add_tool(self, func, name=None, description=None, **kwargs):
         if self.async_add_tool:
+
             async def register():
                 self.tools[name] = (func, description)
+
             return register()
         self.tools[name] = (func, description)
 
@@ -51,8 +53,13 @@ def _fake_train(script: str):
 def test_registers_the_five_tools(hook, tmp_path: Path) -> None:
     agent = FakeAgent()
     hook.register_rl_tools(agent, tmp_path)
-    assert set(agent.tools) == {"start_rl_training", "check_training_status", "stop_rl_training", "switch_rl_model",
-                                "list_rl_models"}
+    assert set(agent.tools) == {
+        "start_rl_training",
+        "check_training_status",
+        "stop_rl_training",
+        "switch_rl_model",
+        "list_rl_models",
+    }
     assert all(desc for _, desc in agent.tools.values())
 
 
@@ -100,8 +107,9 @@ def test_switch_to_an_exported_model_and_back(hook, tmp_path: Path) -> None:
     tools = hook.RLTools(agent, tmp_path)
     run = tmp_path / "v2"
     run.mkdir()
-    (run / "flowrl_run.json").write_text(json.dumps({"model_name": "v2", "method": "sft", "state": "completed",
-                                                     "ollama_model": "flowrl-v2"}))
+    (run / "flowrl_run.json").write_text(
+        json.dumps({"model_name": "v2", "method": "sft", "state": "completed", "ollama_model": "flowrl-v2"})
+    )
     assert "ollama/flowrl-v2" in _run(tools.switch_rl_model("v2"))
     assert agent.amd.fast_llm_model == agent.amd.complex_llm_model == "ollama/flowrl-v2"
     assert _run(tools.list_rl_models()) == "✓ v2: completed, sft, ollama/flowrl-v2"
@@ -117,8 +125,16 @@ def test_switch_without_ollama_keeps_the_agent_and_says_what_to_run(hook, tmp_pa
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     base = save_tiny_model(tmp_path / "base")
     save_tiny_adapter(base, tmp_path / "runs" / "v3" / "train")
-    (tmp_path / "runs" / "v3" / "flowrl_run.json").write_text(json.dumps(
-        {"model_name": "v3", "method": "sft", "state": "completed", "output_dir": str(tmp_path / "runs" / "v3" / "train")}))
+    (tmp_path / "runs" / "v3" / "flowrl_run.json").write_text(
+        json.dumps(
+            {
+                "model_name": "v3",
+                "method": "sft",
+                "state": "completed",
+                "output_dir": str(tmp_path / "runs" / "v3" / "train"),
+            }
+        )
+    )
     agent = FakeAgent()
     text = _run(hook.RLTools(agent, tmp_path / "runs").switch_rl_model("v3"))
     assert "Ollama is not installed" in text and "ollama create flowrl-v3 -f" in text
@@ -129,7 +145,8 @@ def test_switch_without_ollama_keeps_the_agent_and_says_what_to_run(hook, tmp_pa
 def test_switch_reports_an_export_failure_instead_of_raising(hook, tmp_path: Path) -> None:
     run = tmp_path / "v4"
     run.mkdir()
-    (run / "flowrl_run.json").write_text(json.dumps({"model_name": "v4", "state": "completed",
-                                                     "output_dir": str(tmp_path / "missing")}))
+    (run / "flowrl_run.json").write_text(
+        json.dumps({"model_name": "v4", "state": "completed", "output_dir": str(tmp_path / "missing")})
+    )
     text = _run(hook.RLTools(FakeAgent(), tmp_path).switch_rl_model("v4"))
     assert text.startswith("✗ export of v4 failed")

@@ -20,18 +20,26 @@ RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering
 def _small_store(root: Path) -> TraceStore:
     store = TraceStore(root)
     for i in range(3):
-        store.write(ExecutionTrace(
-            trace_id=f"trace-{i:08d}", timestamp=f"2026-11-1{i}T09:3{i}:00", agent_name="research-agent",
-            session_id="a-rather-long-session-name", user_query="Compare the quarterly revenue of three companies " * 3,
-            tool_calls=[ToolCallTrace(tool_name="search")] * (i + 1), reward_score=0.25 * i, label=i > 0,
-            label_source="manual" if i == 2 else "engine"))
+        store.write(
+            ExecutionTrace(
+                trace_id=f"trace-{i:08d}",
+                timestamp=f"2026-11-1{i}T09:3{i}:00",
+                agent_name="research-agent",
+                session_id="a-rather-long-session-name",
+                user_query="Compare the quarterly revenue of three companies " * 3,
+                tool_calls=[ToolCallTrace(tool_name="search")] * (i + 1),
+                reward_score=0.25 * i,
+                label=i > 0,
+                label_source="manual" if i == 2 else "engine",
+            )
+        )
     return store
 
 
 @pytest.mark.parametrize("columns", ["80", None])  # None: piped, rich's default width of 80
-def test_traces_ls_keeps_the_key_columns_at_80_columns(tmp_path: Path, columns: str | None,
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_traces_ls_keeps_the_key_columns_at_80_columns(
+    tmp_path: Path, columns: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)
     else:
@@ -52,8 +60,9 @@ def test_traces_ls_keeps_the_key_columns_at_80_columns(tmp_path: Path, columns: 
     assert "hidden" in lines[4]
 
 
-def test_traces_ls_shows_every_column_when_there_is_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_traces_ls_shows_every_column_when_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     store = _small_store(tmp_path / "s")
     assert main(["traces", "ls", "--store", str(store.root)]) == 0
@@ -62,8 +71,15 @@ def test_traces_ls_shows_every_column_when_there_is_room(tmp_path: Path, monkeyp
 
 
 def test_failed_tool_message_in_a_synthesised_transcript_carries_the_error() -> None:
-    calls = [{"tool_name": "stock", "arguments": {"ticker": "ACME"}, "result": None, "success": False,
-              "error": "HTTP 503 from quotes API"}]
+    calls = [
+        {
+            "tool_name": "stock",
+            "arguments": {"ticker": "ACME"},
+            "result": None,
+            "success": False,
+            "error": "HTTP 503 from quotes API",
+        }
+    ]
     tool = [m for m in synthesize_messages("price?", calls, "") if m["role"] == "tool"]
     assert tool[0]["content"] == "Error: HTTP 503 from quotes API"
     ok = synthesize_messages("q", [{"tool_name": "calc", "result": "4", "success": True}], "4")
@@ -73,8 +89,15 @@ def test_failed_tool_message_in_a_synthesised_transcript_carries_the_error() -> 
 def test_failed_tool_in_a_trace_without_transcript_shows_its_error() -> None:
     from flowrl.schema import load_trace
 
-    trace = load_trace({"schema_version": 1, "trace_id": "t1", "user_query": "price?", "final_response": "n/a",
-                        "tool_calls": [{"tool_name": "stock", "result": "", "success": False, "error": "timeout"}]})
+    trace = load_trace(
+        {
+            "schema_version": 1,
+            "trace_id": "t1",
+            "user_query": "price?",
+            "final_response": "n/a",
+            "tool_calls": [{"tool_name": "stock", "result": "", "success": False, "error": "timeout"}],
+        }
+    )
     assert [m["content"] for m in trace.messages if m["role"] == "tool"] == ["Error: timeout"]
 
 
@@ -83,8 +106,11 @@ def test_report_counts_logged_steps_without_the_summary_line(tmp_path: Path) -> 
 
     run = tmp_path / "run"
     run.mkdir()
-    rows = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5},
-            {"step": 2, "summary": True, "loss": 1.75, "trl": {"train_runtime": 3.0}}]
+    rows = [
+        {"step": 1, "loss": 2.0},
+        {"step": 2, "loss": 1.5},
+        {"step": 2, "summary": True, "loss": 1.75, "trl": {"train_runtime": 3.0}},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     page = make_report(TraceStore(tmp_path / "s"), tmp_path / "out", [run]).html.read_text()
     assert "2 logged steps" in page and "3 logged steps" not in page
@@ -97,8 +123,7 @@ def test_export_refuses_to_overwrite_without_the_flag(tmp_path: Path, capsys: py
 
     model = save_tiny_model(tmp_path / "model")
     out = tmp_path / "out"
-    args = ["export", "--model", str(model), "--out", str(out), "--quant", "f16", "--no-verify",
-            "--format", "gguf"]
+    args = ["export", "--model", str(model), "--out", str(out), "--quant", "f16", "--no-verify", "--format", "gguf"]
     assert main(args) == 0
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     capsys.readouterr()
@@ -115,8 +140,9 @@ def test_export_refuses_to_overwrite_without_the_flag(tmp_path: Path, capsys: py
 
 
 @pytest.mark.parametrize("method", ["kto", "sft", "dpo"])
-def test_build_dataset_on_an_unscored_store_says_to_run_score(method: str, tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_build_dataset_on_an_unscored_store_says_to_run_score(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shutil.copytree(RL_TRACES, tmp_path / "s")
     code = main(["build-dataset", "-m", method, "--store", str(tmp_path / "s"), "-o", str(tmp_path / "ds"), "-q"])
     assert code == 2
@@ -140,10 +166,18 @@ def test_every_problem_and_warning_is_printed_once(tmp_path: Path) -> None:
     _small_store(tmp_path)
     bad = tmp_path / "2026-11-10" / "broken.json"
     bad.write_text("{bad")
-    done = subprocess.run([sys.executable, "-m", "flowrl.cli", "traces", "ls", "--store", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "flowrl.cli", "traces", "ls", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("broken.json") == 1 and "WARNING flowrl" not in done.stderr
-    verbose = subprocess.run([sys.executable, "-m", "flowrl.cli", "-v", "traces", "ls", "--store", str(tmp_path)],
-                             capture_output=True, text=True, timeout=120)
+    verbose = subprocess.run(
+        [sys.executable, "-m", "flowrl.cli", "-v", "traces", "ls", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert verbose.stderr.count("broken.json") == 2  # --verbose also logs it as it is read

@@ -43,8 +43,11 @@ def test_result_is_failure_rules() -> None:
 
 def test_write_is_atomic_and_round_trips(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "store")
-    t = ExecutionTrace(user_query="hi", timestamp="2026-11-20T10:00:00",
-                       tool_calls=[ToolCallTrace(tool_name="x", arguments={"a": 1}, call_id="c1")])
+    t = ExecutionTrace(
+        user_query="hi",
+        timestamp="2026-11-20T10:00:00",
+        tool_calls=[ToolCallTrace(tool_name="x", arguments={"a": 1}, call_id="c1")],
+    )
     path = store.write(t)
     assert path == tmp_path / "store" / "2026-11-20" / f"{t.trace_id}.json"
     assert list((tmp_path / "store" / ".staging").iterdir()) == []  # nothing half-written left behind
@@ -83,9 +86,17 @@ def test_corrupt_file_is_reported_by_name_and_skipped(tmp_path: Path) -> None:
 
 def test_filters(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
-    store.write(ExecutionTrace(trace_id="a", timestamp="2026-11-01T00:00:00", agent_name="x", source="live", reward_score=0.9, label=True))
+    store.write(
+        ExecutionTrace(
+            trace_id="a", timestamp="2026-11-01T00:00:00", agent_name="x", source="live", reward_score=0.9, label=True
+        )
+    )
     store.write(ExecutionTrace(trace_id="b", timestamp="2026-11-05T00:00:00", agent_name="y", source="checkpoint"))
-    store.write(ExecutionTrace(trace_id="c", timestamp="2026-11-09T00:00:00", agent_name="x", source="live", reward_score=0.1, label=False))
+    store.write(
+        ExecutionTrace(
+            trace_id="c", timestamp="2026-11-09T00:00:00", agent_name="x", source="live", reward_score=0.1, label=False
+        )
+    )
 
     def ids(**kw: object) -> list[str]:
         return [t.trace_id for t in store.iter_traces(**kw)]
@@ -107,7 +118,12 @@ def test_manual_label_is_recorded_in_place(tmp_path: Path) -> None:
     path = store.write(t)
     store.label("t1", False, "wrong answer")
     back = store.get("t1")
-    assert (back.label, back.label_source, back.manual_review, back.review_notes) == (False, "manual", True, "wrong answer")
+    assert (back.label, back.label_source, back.manual_review, back.review_notes) == (
+        False,
+        "manual",
+        True,
+        "wrong answer",
+    )
     assert store.find("t1") == path
 
 

@@ -25,12 +25,27 @@ def fill_store(root: Path) -> TraceStore:
     for path in sorted((FIXTURES / "rl_traces").glob("*/*.json")):
         store.write(load_trace(json.loads(path.read_text()), origin=str(path)))
     ctx = json.loads((FIXTURES / "execution_contexts.json").read_text())["run2_research"]
-    store.write(ExecutionTrace(trace_id="obs-abb7cda3", timestamp="2026-11-22T16:50:57", user_query=ctx["query"],
-                               messages=ctx["working_history"], status=ctx["status"], source="obs"))
+    store.write(
+        ExecutionTrace(
+            trace_id="obs-abb7cda3",
+            timestamp="2026-11-22T16:50:57",
+            user_query=ctx["query"],
+            messages=ctx["working_history"],
+            status=ctx["status"],
+            source="obs",
+        )
+    )
     # a clean, successful run that a reviewer nevertheless marked bad
-    store.write(ExecutionTrace(trace_id="manual-bad", timestamp="2026-11-23T09:00:00", user_query="2+2?",
-                               final_response="4", success=True,
-                               tool_calls=[ToolCallTrace(tool_name="calc", arguments={"e": "2+2"}, result="4")]))
+    store.write(
+        ExecutionTrace(
+            trace_id="manual-bad",
+            timestamp="2026-11-23T09:00:00",
+            user_query="2+2?",
+            final_response="4",
+            success=True,
+            tool_calls=[ToolCallTrace(tool_name="calc", arguments={"e": "2+2"}, result="4")],
+        )
+    )
     store.label("manual-bad", False, "wrong tone")
     return store
 
@@ -135,8 +150,13 @@ def test_score_store_library_progress_and_batches(tmp_path):
     store = fill_store(tmp_path / "store")
     reward = Counting()
     calls: list[tuple[int, int]] = []
-    summary = score_store(store, RewardEngine({"counting": reward}, {"counting": 1.0}), progress=lambda d, t: calls.append((d, t)),
-                          workers=3, batch_size=2)
+    summary = score_store(
+        store,
+        RewardEngine({"counting": reward}, {"counting": 1.0}),
+        progress=lambda d, t: calls.append((d, t)),
+        workers=3,
+        batch_size=2,
+    )
     assert summary.scored == 5 and summary.failed == 0
     assert calls[0] == (0, 5) and calls[-1] == (5, 5)
     assert sum(reward.batches) == 5 and max(reward.batches) <= 2 + 1
@@ -163,8 +183,7 @@ def test_learned_reward_trains_on_the_stores_manual_labels(tmp_path, capsys):
     store = TraceStore(tmp_path / "store")
     for i in range(12):
         good = i % 2 == 0
-        store.write(ExecutionTrace(trace_id=f"t{i}", final_response="done" if good else "Error: failed",
-                                   success=good))
+        store.write(ExecutionTrace(trace_id=f"t{i}", final_response="done" if good else "Error: failed", success=good))
         store.label(f"t{i}", good)
     cfg = config(tmp_path, "[rewards.learned]\nmin_labels = 6\nmin_per_class = 2\nmodel = 'learned.json'\n")
     assert main(["score", "--store", str(store.root), "--config", str(cfg)]) == 0

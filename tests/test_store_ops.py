@@ -241,7 +241,11 @@ def test_demo_fixtures_ship_inside_the_package(tmp_path: Path) -> None:
 
 def test_nothing_in_flowrl_patches_sys_modules() -> None:
     patch = re.compile(r"sys\.modules\[[^\]]*\]\s*=(?!=)|sys\.modules\.(setdefault|update|pop)\(|del\s+sys\.modules")
-    offenders = [f"{p.relative_to(REPO)}:{n}" for p in (REPO / "flowrl").rglob("*.py")
-                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if patch.search(line)]
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in (REPO / "flowrl").rglob("*.py")
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if patch.search(line)
+    ]
     assert offenders == []
     assert not (REPO / "flowrl" / "ingest" / "samples.py").exists()

@@ -12,12 +12,22 @@ from flowrl.train.config import TrainingConfig, load_config_file
 from flowrl.train.hardware import HardwareInfo, choose_profile, resolve_settings
 
 CPU = HardwareInfo(accelerator="cpu", cpu_count=2)
-ONE_GPU = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_names=("H100",), gpu_memory_gb=(80.0,), bf16=True,
-                       fp16=True, bitsandbytes=True)
-OLD_GPU = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_names=("T4",), gpu_memory_gb=(15.0,), bf16=False,
-                       fp16=True, bitsandbytes=False)
-FOUR_GPUS = HardwareInfo(accelerator="cuda", gpu_count=4, gpu_names=("A100",) * 4, gpu_memory_gb=(40.0,) * 4,
-                         bf16=True, fp16=True, bitsandbytes=False, world_size=4)
+ONE_GPU = HardwareInfo(
+    accelerator="cuda", gpu_count=1, gpu_names=("H100",), gpu_memory_gb=(80.0,), bf16=True, fp16=True, bitsandbytes=True
+)
+OLD_GPU = HardwareInfo(
+    accelerator="cuda", gpu_count=1, gpu_names=("T4",), gpu_memory_gb=(15.0,), bf16=False, fp16=True, bitsandbytes=False
+)
+FOUR_GPUS = HardwareInfo(
+    accelerator="cuda",
+    gpu_count=4,
+    gpu_names=("A100",) * 4,
+    gpu_memory_gb=(40.0,) * 4,
+    bf16=True,
+    fp16=True,
+    bitsandbytes=False,
+    world_size=4,
+)
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".toml", ".json"])
@@ -43,7 +53,9 @@ def test_config_defaults_follow_the_issue() -> None:
     assert (cfg.lora.enabled, cfg.lora.r, cfg.lora.alpha, cfg.lora.target_modules) == (True, 16, 32, "all-linear")
     assert cfg.resolved_output_dir == Path("out/train-grpo")
     assert cfg.resolved_learning_rate == 1e-5
-    assert TrainingConfig(method="sft", dataset=Path("d"), lora={"enabled": False}).resolved_learning_rate == pytest.approx(2e-5)
+    assert TrainingConfig(
+        method="sft", dataset=Path("d"), lora={"enabled": False}
+    ).resolved_learning_rate == pytest.approx(2e-5)
 
 
 def test_unknown_option_is_one_clear_config_error(tmp_path: Path) -> None:
@@ -86,7 +98,9 @@ def test_gpu_profiles_pick_precision_qlora_and_generations() -> None:
     assert many.name == "multi-gpu" and many.world_size == 4
     assert (many.per_device_train_batch_size * 4 * many.gradient_accumulation_steps) % many.num_generations == 0
     assert not choose_profile(ONE_GPU, lora=False).load_in_4bit
-    fp16_only_with_bnb = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(15.0,), fp16=True, bitsandbytes=True)
+    fp16_only_with_bnb = HardwareInfo(
+        accelerator="cuda", gpu_count=1, gpu_memory_gb=(15.0,), fp16=True, bitsandbytes=True
+    )
     assert not choose_profile(fp16_only_with_bnb).load_in_4bit  # TRL keeps QLoRA adapters in bf16
 
 
@@ -96,10 +110,21 @@ def test_several_visible_gpus_in_one_process_suggest_accelerate() -> None:
 
 
 def test_settings_take_config_values_over_the_profile() -> None:
-    cfg = TrainingConfig(method="sft", dataset=Path("d"), per_device_train_batch_size=3, precision="fp32",
-                         gradient_checkpointing=True, max_length=128)
+    cfg = TrainingConfig(
+        method="sft",
+        dataset=Path("d"),
+        per_device_train_batch_size=3,
+        precision="fp32",
+        gradient_checkpointing=True,
+        max_length=128,
+    )
     s = resolve_settings(cfg, ONE_GPU)
-    assert (s.per_device_train_batch_size, s.precision, s.gradient_checkpointing, s.max_length) == (3, "fp32", True, 128)
+    assert (s.per_device_train_batch_size, s.precision, s.gradient_checkpointing, s.max_length) == (
+        3,
+        "fp32",
+        True,
+        128,
+    )
 
 
 def test_generations_must_divide_the_generation_batch() -> None:
@@ -109,8 +134,9 @@ def test_generations_must_divide_the_generation_batch() -> None:
     assert any("raised" in n for n in s.notes)
     # both given and incompatible: refused with the fix
     with pytest.raises(ConfigError, match="must divide"):
-        resolve_settings(TrainingConfig(method="grpo", dataset=Path("d"), num_generations=3,
-                                        per_device_train_batch_size=4), CPU)
+        resolve_settings(
+            TrainingConfig(method="grpo", dataset=Path("d"), num_generations=3, per_device_train_batch_size=4), CPU
+        )
     # the profile's own value adapts to a user batch size
     s = resolve_settings(TrainingConfig(method="grpo", dataset=Path("d"), per_device_train_batch_size=6), CPU)
     assert 6 % s.num_generations == 0 and s.num_generations >= 2
@@ -124,8 +150,9 @@ def test_hardware_the_run_cannot_use_is_refused() -> None:
     with pytest.raises(ConfigError, match="QLoRA"):
         resolve_settings(TrainingConfig(method="sft", dataset=Path("d"), load_in_4bit=True), CPU)
     with pytest.raises(ConfigError, match="LoRA"):
-        resolve_settings(TrainingConfig(method="sft", dataset=Path("d"), load_in_4bit=True,
-                                        lora={"enabled": False}), ONE_GPU)
+        resolve_settings(
+            TrainingConfig(method="sft", dataset=Path("d"), load_in_4bit=True, lora={"enabled": False}), ONE_GPU
+        )
     with pytest.raises(ConfigError, match="KTO"):
         resolve_settings(TrainingConfig(method="kto", dataset=Path("d"), per_device_train_batch_size=1), CPU)
 

@@ -16,8 +16,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_flowrl_train_then_eval_on_the_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_flowrl_train_then_eval_on_the_default_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("gguf")
     from flowrl.cli import main
@@ -27,11 +28,45 @@ def test_flowrl_train_then_eval_on_the_default_model(tmp_path: Path, monkeypatch
     monkeypatch.setenv("FLOWRL_MODELS", models)
     write_synthetic_store(tmp_path / "store", 24, n_tasks=8)
     data, out = tmp_path / "ds", tmp_path / "run"
-    assert main(["build-dataset", "--method", "grpo", "--out", str(data), "--store", str(tmp_path / "store"),
-                 "--val-fraction", "0.3", "-q"]) == 0
+    assert (
+        main(
+            [
+                "build-dataset",
+                "--method",
+                "grpo",
+                "--out",
+                str(data),
+                "--store",
+                str(tmp_path / "store"),
+                "--val-fraction",
+                "0.3",
+                "-q",
+            ]
+        )
+        == 0
+    )
 
-    assert main(["train", "--method", "grpo", "--dataset", str(data), "--output-dir", str(out), "--max-steps", "2",
-                 "--rewards", "reference_answer,format", "--max-completion-length", "24", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--method",
+                "grpo",
+                "--dataset",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "2",
+                "--rewards",
+                "reference_answer,format",
+                "--max-completion-length",
+                "24",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("summary")]
     assert [r["step"] for r in steps] == [1, 2]
@@ -41,8 +76,22 @@ def test_flowrl_train_then_eval_on_the_default_model(tmp_path: Path, monkeypatch
     assert record["base_model"]["spec"] == "smollm2-135m" and record["result"]["settings"]["profile"] == "cpu"
     capsys.readouterr()
 
-    assert main(["eval", "--model", str(out), "--prompts", str(data), "--max-new-tokens", "24",
-                 "--rewards", "reference_answer,format"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(out),
+                "--prompts",
+                str(data),
+                "--max-new-tokens",
+                "24",
+                "--rewards",
+                "reference_answer,format",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "baseline: smollm2-135m" in printed and "reference_answer" in printed and "combined" in printed
     report = json.loads((out / "eval_report.json").read_text())

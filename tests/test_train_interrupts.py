@@ -35,8 +35,25 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_args(tiny: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--method", "sft", "--dataset", str(data), "--base-model", str(tiny), "--output-dir", str(out),
-            "--max-steps", "4", "--max-length", "128", "--lr", "5e-3", "--no-progress", *extra]
+    return [
+        "train",
+        "--method",
+        "sft",
+        "--dataset",
+        str(data),
+        "--base-model",
+        str(tiny),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "4",
+        "--max-length",
+        "128",
+        "--lr",
+        "5e-3",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def ctrl_c_at(monkeypatch: pytest.MonkeyPatch, step: int, times: int) -> None:
@@ -52,8 +69,9 @@ def ctrl_c_at(monkeypatch: pytest.MonkeyPatch, step: int, times: int) -> None:
     monkeypatch.setattr(StepTimer, "on_step_end", on_step_end)
 
 
-def test_ctrl_c_once_saves_and_exits_130(tiny: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_once_saves_and_exits_130(
+    tiny: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     ctrl_c_at(monkeypatch, 1, times=1)
     assert main(train_args(tiny, data, out)) == 130
@@ -67,7 +85,8 @@ def test_ctrl_c_once_saves_and_exits_130(tiny: Path, data: Path, tmp_path: Path,
 
 
 def test_ctrl_c_twice_before_any_checkpoint_leaves_a_folder_the_same_command_restarts(
-        tiny: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     ctrl_c_at(monkeypatch, 2, times=2)
     assert main(train_args(tiny, data, out)) == 130
@@ -106,19 +125,26 @@ def test_a_checkpoint_cut_off_while_saving_is_not_resumed_from(tmp_path: Path) -
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
 
 
-def test_no_progress_silences_every_bar(tiny: Path, data: Path, tmp_path: Path,
-                                        capfd: pytest.CaptureFixture[str]) -> None:
+def test_no_progress_silences_every_bar(
+    tiny: Path, data: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     import datasets
     import huggingface_hub.utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    before = (hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled(),
-              hub_utils.are_progress_bars_disabled())
+    before = (
+        hf_logging.is_progress_bar_enabled(),
+        datasets.is_progress_bar_enabled(),
+        hub_utils.are_progress_bars_disabled(),
+    )
     assert main(train_args(tiny, data, tmp_path / "out", "--max-steps", "1")) == 0
     err = capfd.readouterr().err
     assert "it/s]" not in err and "%|" not in err, err
-    after = (hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled(),
-             hub_utils.are_progress_bars_disabled())
+    after = (
+        hf_logging.is_progress_bar_enabled(),
+        datasets.is_progress_bar_enabled(),
+        hub_utils.are_progress_bars_disabled(),
+    )
     assert after == before  # library users keep their own setting
 
 

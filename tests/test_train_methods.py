@@ -41,9 +41,18 @@ def config(method: str, tiny: Path, tmp_path: Path, **kw: Any) -> TrainingConfig
     data = tmp_path / f"data-{method}"
     if not data.exists():
         write_tiny_dataset(data, method)
-    base = dict(method=method, dataset=data, base_model=str(tiny), output_dir=tmp_path / f"out-{method}",
-                max_steps=2, learning_rate=5e-3, max_completion_length=12, max_length=128, progress_bar=False,
-                save_steps=50)
+    base = dict(
+        method=method,
+        dataset=data,
+        base_model=str(tiny),
+        output_dir=tmp_path / f"out-{method}",
+        max_steps=2,
+        learning_rate=5e-3,
+        max_completion_length=12,
+        max_length=128,
+        progress_bar=False,
+        save_steps=50,
+    )
     if method == "grpo-offline":  # replays whole logged trajectories: the completion length comes from the data
         base.pop("max_completion_length")
     if method == "grpo":  # a random model never writes its end-of-turn token: keep its truncated completions
@@ -77,7 +86,9 @@ def test_each_method_trains_two_steps_and_the_adapter_changes_outputs(method: st
     trained, _ = load_for_inference(ResolvedModel(spec=str(out), path=str(tiny), adapter=str(out)), device="cpu")
     assert not torch.allclose(logits(base, tokenizer), logits(trained, tokenizer), atol=1e-6)
     if method in ("kto", "sft", "dpo", "grpo-offline"):  # conversational rows: tokenized by flowrl, masks included
-        assert result.info["encoding"]["sequence_sources"] == {"template": 8 if method != "grpo-offline" else 16}  # 4 groups of 4 there
+        assert result.info["encoding"]["sequence_sources"] == {
+            "template": 8 if method != "grpo-offline" else 16
+        }  # 4 groups of 4 there
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("summary")]
@@ -183,8 +194,7 @@ def test_gpu_settings_reach_trl_as_bf16_checkpointing_and_qlora(tmp_path: Path) 
     from flowrl.train.hardware import resolve_settings
     from flowrl.train.trainers import lora_config, quantization_config, trl_config_kwargs
 
-    gpu = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(80.0,), bf16=True, fp16=True,
-                       bitsandbytes=True)
+    gpu = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(80.0,), bf16=True, fp16=True, bitsandbytes=True)
     cfg = TrainingConfig(method="grpo", dataset=tmp_path)
     settings = resolve_settings(cfg, gpu)
     kw = trl_config_kwargs(cfg, settings, tmp_path)
@@ -200,4 +210,6 @@ def test_gpu_settings_reach_trl_as_bf16_checkpointing_and_qlora(tmp_path: Path) 
 
     old = HardwareInfo(accelerator="cuda", gpu_count=1, gpu_memory_gb=(15.0,), fp16=True)
     kw = trl_config_kwargs(cfg, resolve_settings(cfg, old), tmp_path)
-    assert kw["fp16"] and not kw["bf16"] and kw["model_init_kwargs"] == {"dtype": "float32"}  # fp32 weights, fp16 autocast
+    assert (
+        kw["fp16"] and not kw["bf16"] and kw["model_init_kwargs"] == {"dtype": "float32"}
+    )  # fp32 weights, fp16 autocast

@@ -22,14 +22,17 @@ def _a(text: str) -> list[dict[str, Any]]:
 
 
 def _row(q: str, rewards: list[float], completions: list[Any] | None = None) -> dict[str, Any]:
-    return {"prompt": [{"role": "user", "content": q}],
-            "completions": completions or [_a(f"{q} answer {i}") for i in range(len(rewards))],
-            "rewards": rewards}
+    return {
+        "prompt": [{"role": "user", "content": q}],
+        "completions": completions or [_a(f"{q} answer {i}") for i in range(len(rewards))],
+        "rewards": rewards,
+    }
 
 
 def _trainer(tokenizer: Any, process_index: int = 0) -> Any:
-    return SimpleNamespace(processing_class=tokenizer, chat_template_kwargs={},
-                           accelerator=SimpleNamespace(process_index=process_index))
+    return SimpleNamespace(
+        processing_class=tokenizer, chat_template_kwargs={}, accelerator=SimpleNamespace(process_index=process_index)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +47,17 @@ def _groups(rows: list[dict[str, Any]], g: int, tok: Any) -> OfflineGroups:
 
 
 TOOL_TRAJECTORY = [
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "exec_code", "arguments": {"code": "print(12 * 7)"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "exec_code", "arguments": {"code": "print(12 * 7)"}}}],
+    },
     {"role": "tool", "content": "84", "name": "exec_code"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "final_answer", "arguments": {"answer": "84"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "final_answer", "arguments": {"answer": "84"}}}],
+    },
 ]
 
 
@@ -121,7 +130,13 @@ def test_regression_completion_length_comes_from_the_data(tok: Any, tmp_path: Pa
     from flowrl.train.trainers import _completion_length
 
     long_answer = " ".join(["word"] * 150)
-    rows = [{"prompt": [{"role": "user", "content": "q"}], "completions": [_a(long_answer), _a("no")], "rewards": [1.0, 0.0]}]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "q"}],
+            "completions": [_a(long_answer), _a("no")],
+            "rewards": [1.0, 0.0],
+        }
+    ]
     groups = _groups(rows, 2, tok)
     needed = groups.longest_completion
     assert needed > 96
@@ -139,8 +154,14 @@ def test_logged_logprobs_reach_trl_only_when_every_completion_has_them(tok: Any)
     fp = ChatRenderer(tok).fingerprint
     answer = tok.encode("The answer", add_special_tokens=False) + [tok.eos_token_id]
     call = {"prompt_ids": ids, "completion_ids": answer, "logprobs": [-0.5] * len(answer), "tokenizer": fp}
-    rows = [{"prompt": prompt, "completions": [_a("The answer"), _a("x")], "rewards": [1.0, 0.0],
-             "logged_tokens": [[call], [{**call, "logprobs": None}]]}]
+    rows = [
+        {
+            "prompt": prompt,
+            "completions": [_a("The answer"), _a("x")],
+            "rewards": [1.0, 0.0],
+            "logged_tokens": [[call], [{**call, "logprobs": None}]],
+        }
+    ]
     groups = _groups(rows, 2, tok)
     (p,) = groups.prompts()
     out = groups.rollout_func([p, p], _trainer(tok))
@@ -185,8 +206,14 @@ def test_the_flowrl_grpo_offline_dataset_trains(tmp_path: Path) -> None:
     traces = [synthetic_trace(i, n_tasks=4) for i in range(16)]
     DatasetPipeline(GRPODatasetBuilder(offline=True), val_fraction=0.0).build(traces, tmp_path / "ds")
     model = build_tiny_model(tmp_path / "tiny")
-    cfg = TrainingConfig(method="grpo-offline", dataset=tmp_path / "ds", base_model=str(model),
-                         output_dir=tmp_path / "out", max_steps=2, progress_bar=False)
+    cfg = TrainingConfig(
+        method="grpo-offline",
+        dataset=tmp_path / "ds",
+        base_model=str(model),
+        output_dir=tmp_path / "out",
+        max_steps=2,
+        progress_bar=False,
+    )
     result = TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu")).run()
     assert result.global_step == 2
     assert result.info["offline_groups"]["used"] >= 1

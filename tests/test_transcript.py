@@ -30,15 +30,21 @@ from tests.fakes.fake_flowagent import make_agent, tc, turn
 # -- arguments ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "parsed"), [
-    ('{"city": "Paris"}', {"city": "Paris"}),  # JSON
-    ('[1, 2]', [1, 2]),  # any JSON value
-    ("{'thought': 'plan', 'n': 1}", {"thought": "plan", "n": 1}),  # a Python repr (FlowAgent obs think args)
-    ('{"city": "Paris"', '{"city": "Paris"'),  # neither: the raw string, so a reward can see it
-    ("search cats", "search cats"),
-    ("", {}), ("  ", {}), (None, {}), ("null", {}),
-    ({"a": 1}, {"a": 1}),
-])
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        ('{"city": "Paris"}', {"city": "Paris"}),  # JSON
+        ("[1, 2]", [1, 2]),  # any JSON value
+        ("{'thought': 'plan', 'n': 1}", {"thought": "plan", "n": 1}),  # a Python repr (FlowAgent obs think args)
+        ('{"city": "Paris"', '{"city": "Paris"'),  # neither: the raw string, so a reward can see it
+        ("search cats", "search cats"),
+        ("", {}),
+        ("  ", {}),
+        (None, {}),
+        ("null", {}),
+        ({"a": 1}, {"a": 1}),
+    ],
+)
 def test_parse_arguments_json_then_python_literal_then_raw(raw: Any, parsed: Any) -> None:
     assert tr.parse_arguments(raw) == parsed
 
@@ -70,14 +76,21 @@ class _Call:
     function: _Fn
 
 
-@pytest.mark.parametrize("call", [
-    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},  # OpenAI nested
-    {"id": "c1", "name": "f", "arguments": '{"a": 1}'},  # flat
-    _Call("c1", _Fn("f", '{"a": 1}')),  # an SDK object
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},  # OpenAI nested
+        {"id": "c1", "name": "f", "arguments": '{"a": 1}'},  # flat
+        _Call("c1", _Fn("f", '{"a": 1}')),  # an SDK object
+    ],
+)
 def test_tool_call_parts_of_every_shape(call: Any) -> None:
     assert tr.tool_call_parts(call) == ("f", '{"a": 1}', "c1")
-    assert tr.openai_tool_call(call) == {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    assert tr.openai_tool_call(call) == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"a": 1}'},
+    }
 
 
 # -- stored messages ------------------------------------------------------------------------------
@@ -86,8 +99,14 @@ def test_tool_call_parts_of_every_shape(call: Any) -> None:
 def test_canonical_messages_one_call_shape_and_the_first_result_per_id() -> None:
     messages = [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "think", "arguments": {"thought": "x"}},
-                                                              {"id": "c2", "name": "f", "arguments": "{bad"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "name": "think", "arguments": {"thought": "x"}},
+                {"id": "c2", "name": "f", "arguments": "{bad"},
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "name": "think", "content": "first"},
         {"role": "tool", "tool_call_id": "c1", "name": "think", "content": "second"},
         {"role": "tool", "tool_call_id": "c2", "name": "f", "content": "ok", "extra": 1},
@@ -104,32 +123,49 @@ def test_canonical_messages_one_call_shape_and_the_first_result_per_id() -> None
 
 
 def test_synthesis_one_call_id_convention_from_one() -> None:
-    calls = [ToolCallTrace(tool_name="search", arguments={"q": "cats"}, result="3 hits"),
-             ToolCallTrace(tool_name="calc", arguments={"e": "1+1"}, result="2", call_id="own")]
+    calls = [
+        ToolCallTrace(tool_name="search", arguments={"q": "cats"}, result="3 hits"),
+        ToolCallTrace(tool_name="calc", arguments={"e": "1+1"}, result="2", call_id="own"),
+    ]
     msgs = tr.synthesize_messages("cats?", calls, "two")
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
-    assert msgs[1]["tool_calls"] == [{"id": "call_1", "type": "function",
-                                      "function": {"name": "search", "arguments": '{"q": "cats"}'}}]
+    assert msgs[1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "cats"}'}}
+    ]
     assert msgs[2] == {"role": "tool", "tool_call_id": "call_1", "name": "search", "content": "3 hits"}
     assert msgs[3]["tool_calls"][0]["id"] == "own" and msgs[-1] == {"role": "assistant", "content": "two"}
     assert tr.synthesize_messages("q", calls, "")[-1]["role"] == "tool"  # no empty answer after calls
-    assert tr.synthesize_messages("q", [], "") == [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]
+    assert tr.synthesize_messages("q", [], "") == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": ""},
+    ]
 
 
 def test_transcript_calls_match_results_by_id_else_by_name() -> None:
-    msgs = [{"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "a", "content": "first"},
-            {"role": "tool", "tool_call_id": "a", "content": "again"},
-            {"role": "assistant", "tool_calls": [{"function": {"name": "g", "arguments": "{}"}}]},
-            {"role": "tool", "name": "g", "content": [{"type": "text", "text": "parts"}]}]
+    msgs = [
+        {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "first"},
+        {"role": "tool", "tool_call_id": "a", "content": "again"},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "name": "g", "content": [{"type": "text", "text": "parts"}]},
+    ]
     calls = tr.transcript_calls(msgs)
-    assert [(c.name, c.call_id, c.result, c.message_index) for c in calls] == [("f", "a", "first", 0), ("g", None, "parts", 3)]
+    assert [(c.name, c.call_id, c.result, c.message_index) for c in calls] == [
+        ("f", "a", "first", 0),
+        ("g", None, "parts", 3),
+    ]
 
 
 def test_final_answer_call_then_final_response_then_last_assistant_text() -> None:
-    fa = [{"role": "assistant", "content": "thinking aloud"},
-          {"role": "assistant", "tool_calls": [{"id": "x", "function": {"name": "final_answer",
-                                                                        "arguments": '{"answer": "42", "success": true}'}}]}]
+    fa = [
+        {"role": "assistant", "content": "thinking aloud"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "x", "function": {"name": "final_answer", "arguments": '{"answer": "42", "success": true}'}}
+            ],
+        },
+    ]
     assert tr.final_answer_args(fa) == {"answer": "42", "success": True}
     assert tr.final_answer(fa, "forty-two") == "42"
     assert tr.final_answer(fa[:1], "forty-two") == "forty-two"
@@ -148,8 +184,13 @@ def test_normalize_message_is_the_chat_template_shape() -> None:
 
 
 def test_upgrade_synthesises_messages_for_a_trace_without_a_transcript() -> None:
-    data = {"schema_version": 1, "trace_id": "t1", "user_query": "weather?", "final_response": "sunny",
-            "tool_calls": [{"tool_name": "get_weather", "arguments": {"city": "Paris"}, "result": "21C"}]}
+    data = {
+        "schema_version": 1,
+        "trace_id": "t1",
+        "user_query": "weather?",
+        "final_response": "sunny",
+        "tool_calls": [{"tool_name": "get_weather", "arguments": {"city": "Paris"}, "result": "21C"}],
+    }
     t = load_trace(data)
     assert t.schema_version == SCHEMA_VERSION == 3
     assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
@@ -160,11 +201,28 @@ def test_upgrade_synthesises_messages_for_a_trace_without_a_transcript() -> None
 
 
 def test_upgrade_gives_a_recorded_transcript_one_shape_and_keeps_it_unmarked() -> None:
-    t = load_trace({"schema_version": 1, "trace_id": "t2", "user_query": "q", "messages": [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "f", "arguments": {"a": 1}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]})
-    assert t.messages[1]["tool_calls"][0] == {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    t = load_trace(
+        {
+            "schema_version": 1,
+            "trace_id": "t2",
+            "user_query": "q",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "name": "f", "arguments": {"a": 1}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            ],
+        }
+    )
+    assert t.messages[1]["tool_calls"][0] == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "f", "arguments": '{"a": 1}'},
+    }
     assert len(t.messages) == 3 and "transcript" not in t.metadata
 
 
@@ -184,8 +242,16 @@ def test_the_old_places_call_this_module() -> None:
 
 
 def test_rewards_do_not_read_a_synthesised_transcript_as_what_the_model_wrote() -> None:
-    t = load_trace({"schema_version": 1, "trace_id": "t3", "user_query": "q", "final_response": "a", "llm_calls_count": 1,
-                    "tool_calls": [{"tool_name": "f", "arguments": {"x": 1}, "result": "ok"}]})
+    t = load_trace(
+        {
+            "schema_version": 1,
+            "trace_id": "t3",
+            "user_query": "q",
+            "final_response": "a",
+            "llm_calls_count": 1,
+            "tool_calls": [{"tool_name": "f", "arguments": {"x": 1}, "result": "ok"}],
+        }
+    )
     assert t.messages and views.message_tool_calls(t) == []
     assert views.assistant_turns(t) == 1  # the LLM call count, not the synthesised assistant messages
     assert [v.name for v in views.tool_calls(t)] == ["f"]
@@ -193,12 +259,19 @@ def test_rewards_do_not_read_a_synthesised_transcript_as_what_the_model_wrote() 
 
 
 def test_tool_calls_view_adds_transcript_calls_no_entry_records_but_never_twice() -> None:
-    msgs = [{"role": "user", "content": "q"},
-            {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "think", "arguments": '{"thought": "t"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "name": "think", "content": "ok"},
-            {"role": "assistant", "tool_calls": [{"id": "c2", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
-            {"role": "tool", "tool_call_id": "c2", "name": "f", "content": "done"}]
-    by_id = ExecutionTrace(messages=msgs, tool_calls=[ToolCallTrace(tool_name="f", arguments={"a": 1}, result="done", call_id="c2")])
+    msgs = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "function": {"name": "think", "arguments": '{"thought": "t"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "name": "think", "content": "ok"},
+        {"role": "assistant", "tool_calls": [{"id": "c2", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c2", "name": "f", "content": "done"},
+    ]
+    by_id = ExecutionTrace(
+        messages=msgs, tool_calls=[ToolCallTrace(tool_name="f", arguments={"a": 1}, result="done", call_id="c2")]
+    )
     assert [(v.name, v.result) for v in views.tool_calls(by_id)] == [("think", "ok"), ("f", "done")]
     no_id = ExecutionTrace(messages=msgs, tool_calls=[ToolCallTrace(tool_name="f", arguments={"a": 1}, result="done")])
     assert [v.name for v in views.tool_calls(no_id)] == ["think", "f"]
@@ -211,14 +284,26 @@ QUERY = "Weather in Berlin, the ACME quote, and the sum of squares 1..10?"
 
 def _script(agent: Any) -> None:
     agent.router.thinks = ["Assessment: three lookups. Load the tools first."]
-    agent.router.script(QUERY, [
-        turn(tc(1, "think", {"thought": "Load get_weather and fetch_stock, then compute."})),
-        turn(tc(2, "load_tools", {"tools": ["get_weather", "fetch_stock"]})),
-        turn(tc(3, "get_weather", {"city": "Berlin"}), tc(4, "fetch_stock", {"symbol": "ACME"}),
-             content="Fetching both."),
-        turn(tc(5, "exec_code", {"code": "print(sum(i*i for i in range(1, 11)))"})),
-        turn(tc(6, "final_answer", {"answer": "Berlin: 21C, sunny; ACME unavailable; the sum is 385.", "success": False})),
-    ])
+    agent.router.script(
+        QUERY,
+        [
+            turn(tc(1, "think", {"thought": "Load get_weather and fetch_stock, then compute."})),
+            turn(tc(2, "load_tools", {"tools": ["get_weather", "fetch_stock"]})),
+            turn(
+                tc(3, "get_weather", {"city": "Berlin"}),
+                tc(4, "fetch_stock", {"symbol": "ACME"}),
+                content="Fetching both.",
+            ),
+            turn(tc(5, "exec_code", {"code": "print(sum(i*i for i in range(1, 11)))"})),
+            turn(
+                tc(
+                    6,
+                    "final_answer",
+                    {"answer": "Berlin: 21C, sunny; ACME unavailable; the sum is 385.", "success": False},
+                )
+            ),
+        ],
+    )
 
 
 def _record_llm_inputs(agent: Any) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -241,8 +326,9 @@ def _record_llm_inputs(agent: Any) -> list[tuple[str, list[dict[str, Any]]]]:
     return seen
 
 
-def _write_flowagent_files(agent: Any, run_id: str, llm_inputs: list[tuple[str, list[dict[str, Any]]]],
-                           duration_s: float, data_dir: Path) -> None:
+def _write_flowagent_files(
+    agent: Any, run_id: str, llm_inputs: list[tuple[str, list[dict[str, Any]]]], duration_s: float, data_dir: Path
+) -> None:
     """What toolboxv2 0.1.28 leaves on disk for this run (the fake agent writes no files of its own):
     the checkpoint with the session's chat_history, and the obs `run_{id}.json` laid out as the fixture
     `run_2c4cbe40.json` is. One step per main-loop iteration; a step's `llm.input_messages` are those of
@@ -274,26 +360,65 @@ def _write_flowagent_files(agent: Any, run_id: str, llm_inputs: list[tuple[str, 
         for call in assistant.get("tool_calls") or ():
             name, raw = call["function"]["name"], call["function"]["arguments"]
             result = results.get(call["id"], "break loop")
-            record = {"name": name, "args_summary": repr(json.loads(raw)) if name == "think" else raw,
-                      "t_start": t + 0.1, "t_end": t + 0.4, "duration_s": 0.3, "result_summary": result,
-                      "status": "error" if result.startswith("Error") else "ok", "error": ""}
+            record = {
+                "name": name,
+                "args_summary": repr(json.loads(raw)) if name == "think" else raw,
+                "t_start": t + 0.1,
+                "t_end": t + 0.4,
+                "duration_s": 0.3,
+                "result_summary": result,
+                "status": "error" if result.startswith("Error") else "ok",
+                "error": "",
+            }
             records.append(record)
             if name == "think":
                 records.append({**record, "args_summary": ""})
-        steps.append({"step_id": k + 1, "t_start": t, "t_end": t + 0.5, "duration_s": 0.5, "tool_calls": records,
-                      "llm": {"model": "mock/fast", "t_start": t, "t_end": t + 0.1, "duration_s": 0.1,
-                              "tokens_in": 100, "tokens_out": 10, "input_messages": inputs, "output_text": ""},
-                      "vfs_deltas": [], "compression": None})
+        steps.append(
+            {
+                "step_id": k + 1,
+                "t_start": t,
+                "t_end": t + 0.5,
+                "duration_s": 0.5,
+                "tool_calls": records,
+                "llm": {
+                    "model": "mock/fast",
+                    "t_start": t,
+                    "t_end": t + 0.1,
+                    "duration_s": 0.1,
+                    "tokens_in": 100,
+                    "tokens_out": 10,
+                    "input_messages": inputs,
+                    "output_text": "",
+                },
+                "vfs_deltas": [],
+                "compression": None,
+            }
+        )
     answer = json.loads(turns[-1]["tool_calls"][0]["function"]["arguments"])
     assert per_step <= agent.total_tokens_in
-    samples.write_obs_run(data_dir / "Agents" / agent.amd.name / "obs", {
-        "run_id": run_id, "agent_name": agent.amd.name, "query": ctx.query, "session_id": ctx.session_id,
-        "t_start": t0, "t_end": t0 + duration_s, "duration_s": duration_s, "total_tokens_in": agent.total_tokens_in,
-        "total_tokens_out": agent.total_tokens_out, "total_iterations": len(steps), "success": answer["success"],
-        "final_answer_summary": answer["answer"], "steps": steps})
+    samples.write_obs_run(
+        data_dir / "Agents" / agent.amd.name / "obs",
+        {
+            "run_id": run_id,
+            "agent_name": agent.amd.name,
+            "query": ctx.query,
+            "session_id": ctx.session_id,
+            "t_start": t0,
+            "t_end": t0 + duration_s,
+            "duration_s": duration_s,
+            "total_tokens_in": agent.total_tokens_in,
+            "total_tokens_out": agent.total_tokens_out,
+            "total_iterations": len(steps),
+            "success": answer["success"],
+            "final_answer_summary": answer["answer"],
+            "steps": steps,
+        },
+    )
     session = agent.session_manager.sessions[ctx.session_id]
-    samples.write_checkpoint(data_dir / "Agents" / "checkpoint" / agent.amd.name,
-                             samples.v2_checkpoint(agent.amd.name, {ctx.session_id: session.history}))
+    samples.write_checkpoint(
+        data_dir / "Agents" / "checkpoint" / agent.amd.name,
+        samples.v2_checkpoint(agent.amd.name, {ctx.session_id: session.history}),
+    )
 
 
 def test_a_run_captured_live_and_ingested_from_its_checkpoint_is_one_trace(tmp_path: Path) -> None:
@@ -336,9 +461,22 @@ def test_a_run_captured_live_and_ingested_from_its_checkpoint_is_one_trace(tmp_p
         return [(v.name, v.arguments, v.result, v.failed) for v in views.tool_calls(t, include_control=True)]
 
     assert calls(live) == calls(ingested)
-    assert [c[0] for c in calls(live)] == ["think", "load_tools", "get_weather", "fetch_stock", "exec_code", "final_answer"]
+    assert [c[0] for c in calls(live)] == [
+        "think",
+        "load_tools",
+        "get_weather",
+        "fetch_stock",
+        "exec_code",
+        "final_answer",
+    ]
     assert [c[3] for c in calls(live)][:5] == [False, False, False, True, False]
-    assert answer == live.final_response == ingested.final_response == views.answer_text(live) == views.answer_text(ingested)
+    assert (
+        answer
+        == live.final_response
+        == ingested.final_response
+        == views.answer_text(live)
+        == views.answer_text(ingested)
+    )
     assert (live.success, ingested.success) == (False, False)
     assert [r.content for r in live.reasoning_steps] == [r.content for r in ingested.reasoning_steps]
 

@@ -81,13 +81,15 @@ def test_watch_picks_up_new_files_once_and_survives_a_restart(root: Path, tmp_pa
         assert _wait_for(store, "first question") < PICKUP_S
 
         # 2. a checkpoint written half, left open past the debounce, then completed: never read half
-        data = _checkpoint_bytes([("first question", "first answer", "0b500001"), ("second question", "second answer", "0b500002")])
+        data = _checkpoint_bytes(
+            [("first question", "first answer", "0b500001"), ("second question", "second answer", "0b500002")]
+        )
         path = _cp_dir(root) / "agent_checkpoint_20261122_100000.pkl"
         with open(path, "wb") as fh:
             fh.write(data[: len(data) // 2])
             fh.flush()
             time.sleep(0.5)
-            fh.write(data[len(data) // 2:])
+            fh.write(data[len(data) // 2 :])
         assert _wait_for(store, "second question") < PICKUP_S
 
         # 3. a run file written to a temp name and renamed into place
@@ -99,9 +101,15 @@ def test_watch_picks_up_new_files_once_and_survives_a_restart(root: Path, tmp_pa
 
         # 4. the next snapshot repeats every turn: nothing is written twice
         path2 = _cp_dir(root) / "agent_checkpoint_20261122_100100.pkl"
-        path2.write_bytes(_checkpoint_bytes([("first question", "first answer", "0b500001"),
-                                             ("second question", "second answer", "0b500002"),
-                                             ("third question", "third answer", "0b500003")]))
+        path2.write_bytes(
+            _checkpoint_bytes(
+                [
+                    ("first question", "first answer", "0b500001"),
+                    ("second question", "second answer", "0b500002"),
+                    ("third question", "third answer", "0b500003"),
+                ]
+            )
+        )
         time.sleep(1.0)
     finally:
         w.close()
@@ -114,7 +122,9 @@ def test_watch_picks_up_new_files_once_and_survives_a_restart(root: Path, tmp_pa
     assert (again.files_read, again.new) == (0, 0)
 
     # 6. a file written while no watcher ran is not missed
-    (_obs_dir(root) / "run_0b500004.json").write_text(json.dumps(samples.obs_run("0b500004", AGENT, "s", "fourth", "4")))
+    (_obs_dir(root) / "run_0b500004.json").write_text(
+        json.dumps(samples.obs_run("0b500004", AGENT, "s", "fourth", "4"))
+    )
     w = Running(root, store)
     try:
         assert _wait_for(store, "fourth") < PICKUP_S
@@ -149,8 +159,12 @@ def test_touched_but_unchanged_file_is_not_read_again(root: Path, tmp_path: Path
 
 def test_ctrl_c_stops_the_watch_command_cleanly(root: Path, tmp_path: Path) -> None:
     code = "import sys; from flowrl.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "watch", str(root), "--store", str(tmp_path / "store")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "watch", str(root), "--store", str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         lock = tmp_path / "store" / ".flowrl-watch.lock"

@@ -61,7 +61,7 @@ def register(agent: Any, hook: Any, on_gone: Callable[[], None]) -> None:
     try:
         ref: Callable[[], Any] = weakref.ref(agent, gone)
     except TypeError:  # no weak references (e.g. __slots__ without __weakref__): keep it alive until unhook
-        ref = (lambda a: (lambda: a))(agent)
+        ref = (lambda a: lambda: a)(agent)
     with _LOCK:
         _HOOKS[id(agent)] = (ref, hook)
 
@@ -231,8 +231,12 @@ def _left_in_place(owner: type, attr: str, why: str) -> None:
     name = f"{owner.__module__}.{owner.__qualname__}.{attr}"
     _LEFT_IN_PLACE[name] = _LEFT_IN_PLACE.get(name, 0) + 1
     try:
-        log.warning("flowrl: %s was wrapped again on top of flowrl's patch and the patch could not be taken out (%s); "
-                    "it stays inside that wrapper as a pass-through and captures nothing", name, why)
+        log.warning(
+            "flowrl: %s was wrapped again on top of flowrl's patch and the patch could not be taken out (%s); "
+            "it stays inside that wrapper as a pass-through and captures nothing",
+            name,
+            why,
+        )
     except Exception:  # pragma: no cover - logging itself failed
         pass
 

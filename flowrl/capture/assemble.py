@@ -46,6 +46,7 @@ def _iso(ts: float) -> str:
 
 # -- captured values -> JSON, one value at a time --------------------------------------------------
 
+
 def _judged(v: Values, raw: Any, result: str) -> Any:
     """What a tool's success is judged by (`flowrl.facts.tool_failed`): its result as JSON data (a string
     result is its text, already made)."""
@@ -102,11 +103,28 @@ class _Builder:
             return
         self.think_ids.add(call_id)
         thought = args.get("thought", "") if isinstance(args, dict) else self.v.text(args)
-        self.reasoning.append({"step_type": "internal_reasoning", "content": f"THOUGHT: {thought}\nASSESSMENT: {result}",
-                               "call_id": call_id, "thought": thought})
+        self.reasoning.append(
+            {
+                "step_type": "internal_reasoning",
+                "content": f"THOUGHT: {thought}\nASSESSMENT: {result}",
+                "call_id": call_id,
+                "thought": thought,
+            }
+        )
 
-    def add_call(self, t0: float | None, name: str, args: Any, result: str, raw: Any, exc: Any,
-                 dur: float | None, call_id: str | None, layer: str, **extra: Any) -> None:
+    def add_call(
+        self,
+        t0: float | None,
+        name: str,
+        args: Any,
+        result: str,
+        raw: Any,
+        exc: Any,
+        dur: float | None,
+        call_id: str | None,
+        layer: str,
+        **extra: Any,
+    ) -> None:
         """One tool call; `args` and `raw` are JSON data already, `exc` is text (or an ErrorText)."""
         if name == "final_answer":
             if isinstance(args, dict):
@@ -118,9 +136,18 @@ class _Builder:
         if name == "think" and error_text is None:
             self.add_reasoning(call_id, args, result)
         success, error = _judge(result, raw, error_text)
-        entry = {"tool_name": name, "arguments": args, "result": result, "success": success,
-                 "duration_ms": round((dur or 0.0) * 1000.0, 3), "error": error, "timestamp": self.ts(t0),
-                 "call_id": call_id, "layer": layer, **extra}
+        entry = {
+            "tool_name": name,
+            "arguments": args,
+            "result": result,
+            "success": success,
+            "duration_ms": round((dur or 0.0) * 1000.0, 3),
+            "error": error,
+            "timestamp": self.ts(t0),
+            "call_id": call_id,
+            "layer": layer,
+            **extra,
+        }
         self.calls.append((t0 or 0.0, entry))
 
     # -- events -----------------------------------------------------------------------------------
@@ -152,24 +179,52 @@ class _Builder:
                 exc = exc or fn.error
         elif fn is not None:  # a different tool ran inside this one: its own call
             self.function_tool(fn)
-        self.add_call(ev.started, v.text(name), self.arguments(raw_args), v.text(result), None, exc, ev.duration,
-                      self.call_id(call_id), "engine", **extra)
+        self.add_call(
+            ev.started,
+            v.text(name),
+            self.arguments(raw_args),
+            v.text(result),
+            None,
+            exc,
+            ev.duration,
+            self.call_id(call_id),
+            "engine",
+            **extra,
+        )
 
     def function_tool(self, ev: ToolEvent) -> None:
         v = self.v
         raw = ev.result
         kw = {k: val for k, val in (ev.kwargs or {}).items() if k != "function_name"}
         result = v.text(raw)
-        self.add_call(ev.started, v.text(ev.name), v.plain(kw), result, _judged(v, raw, result),
-                      ev.error, ev.duration, None, "function")
+        self.add_call(
+            ev.started,
+            v.text(ev.name),
+            v.plain(kw),
+            result,
+            _judged(v, raw, result),
+            ev.error,
+            ev.duration,
+            None,
+            "function",
+        )
 
     def generic_tool(self, ev: ToolEvent) -> None:
         v = self.v
         name, arguments = generic_call_arguments(ev)
         raw = ev.result
         result = v.text(raw)
-        self.add_call(ev.started, v.text(name), v.plain(arguments), result, _judged(v, raw, result),
-                      ev.error, ev.duration, None, "generic")
+        self.add_call(
+            ev.started,
+            v.text(name),
+            v.plain(arguments),
+            result,
+            _judged(v, raw, result),
+            ev.error,
+            ev.duration,
+            None,
+            "generic",
+        )
 
     def stream_tools(self) -> None:
         v = self.v
@@ -184,8 +239,17 @@ class _Builder:
                     continue
                 t0, start = starts.get(call_id, (t, {}))
                 name = v.text(chunk.get("name") or start.get("name"))
-                self.add_call(t0, name, self.arguments(start.get("args")), v.text(chunk.get("result")), None,
-                              None, t - t0, call_id, "stream")
+                self.add_call(
+                    t0,
+                    name,
+                    self.arguments(start.get("args")),
+                    v.text(chunk.get("result")),
+                    None,
+                    None,
+                    t - t0,
+                    call_id,
+                    "stream",
+                )
 
     def messages(self, raw: Any) -> list[dict[str, Any]]:
         """The agent's own transcript in canonical form, as JSON data, one message at a time: a message
@@ -233,8 +297,11 @@ def generic_call_arguments(ev: ToolEvent) -> tuple[Any, Any]:
     if bound is None or sig is None:
         if args and isinstance(args[0], str):
             name, args = args[0], args[1:]
-        return name, (dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) and not kw
-                      else ({"args": list(args), **kw} if args else kw))
+        return name, (
+            dict(args[0])
+            if len(args) == 1 and isinstance(args[0], dict) and not kw
+            else ({"args": list(args), **kw} if args else kw)
+        )
     arguments: dict[str, Any] = {}
     for pname, value in bound.arguments.items():
         param = sig.parameters[pname]
@@ -248,7 +315,7 @@ def generic_call_arguments(ev: ToolEvent) -> tuple[Any, Any]:
     if first in NAME_PARAMS and isinstance(arguments.get(first), str):
         name = arguments.pop(first)
     if len(arguments) == 1:
-        (only, value), = arguments.items()
+        ((only, value),) = arguments.items()
         if only in ARGS_PARAMS and isinstance(value, dict):
             return name, dict(value)
     return name, arguments
@@ -263,7 +330,11 @@ def _llm_output(v: Values, out: Any) -> tuple[str | None, list[dict[str, Any]] |
     raw_calls = field_of(out, "tool_calls")
     if content is None and raw_calls is None:  # a whole response: OpenAI-style choices, Ollama's message
         choices = field_of(out, "choices")
-        inner = field_of(choices[0], "message") if isinstance(choices, (list, tuple)) and choices else field_of(out, "message")
+        inner = (
+            field_of(choices[0], "message")
+            if isinstance(choices, (list, tuple)) and choices
+            else field_of(out, "message")
+        )
         if inner is not None and not isinstance(inner, str):
             content, raw_calls = field_of(inner, "content"), field_of(inner, "tool_calls")
             if content is None and raw_calls is None:
@@ -275,8 +346,13 @@ def _llm_output(v: Values, out: Any) -> tuple[str | None, list[dict[str, Any]] |
         calls = []
         for tc in raw_calls:
             name, args, call_id = tool_call_parts(tc)
-            calls.append({"id": None if call_id is None else v.text(call_id), "type": "function",
-                          "function": {"name": v.text(name), "arguments": v.text(args)}})
+            calls.append(
+                {
+                    "id": None if call_id is None else v.text(call_id),
+                    "type": "function",
+                    "function": {"name": v.text(name), "arguments": v.text(args)},
+                }
+            )
     return (None if content is None else v.text(content)), calls
 
 
@@ -290,10 +366,14 @@ def _llm_call(ev: LLMEvent, v: Values | None = None) -> dict[str, Any]:
     except BaseException:  # an attribute that raises: the output as text
         output, calls = v.text(out), None
     model = ev.model
-    entry: dict[str, Any] = {"model": None if model is None else v.text(model), "tokens_in": ev.tokens_in,
-                             "tokens_out": ev.tokens_out,
-                             "latency_ms": None if ev.duration is None else round(ev.duration * 1000.0, 3),
-                             "output": output, "stream": bool(ev.stream)}
+    entry: dict[str, Any] = {
+        "model": None if model is None else v.text(model),
+        "tokens_in": ev.tokens_in,
+        "tokens_out": ev.tokens_out,
+        "latency_ms": None if ev.duration is None else round(ev.duration * 1000.0, 3),
+        "output": output,
+        "stream": bool(ev.stream),
+    }
     if calls:
         entry["tool_calls"] = calls
     if ev.cost is not None:
@@ -382,16 +462,27 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         messages = b.messages(rec.messages)
         _reasoning_from_messages(b, messages)
 
-    fa = (final_answer_args(messages) if messages is not None else None) \
-        or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")}) or b.final_args or {}
+    fa = (
+        (final_answer_args(messages) if messages is not None else None)
+        or (chunks.get("final_answer") and {"success": chunks["final_answer"].get("success")})
+        or b.final_args
+        or {}
+    )
     fa_success = fa.get("success") if isinstance(fa.get("success"), bool) else None
     done_success = field_of(chunks.get("done"), "success")
 
     status = None if rec.status is None else v.text(rec.status)
     error = None if rec.exc is None else v.text(rec.exc)
-    success = False if error is not None else reported_success(
-        answers=(v.plain(fa.get("answer")), final_text), status=status, final_answer_success=fa_success,
-        reported=done_success)
+    success = (
+        False
+        if error is not None
+        else reported_success(
+            answers=(v.plain(fa.get("answer")), final_text),
+            status=status,
+            final_answer_success=fa_success,
+            reported=done_success,
+        )
+    )
 
     tins = [c["tokens_in"] for c in llm_calls if isinstance(c.get("tokens_in"), (int, float))]
     touts = [c["tokens_out"] for c in llm_calls if isinstance(c.get("tokens_out"), (int, float))]

@@ -76,8 +76,9 @@ def store_key(store: TraceStore) -> Path:
     return Path(os.path.abspath(store.root)).resolve()
 
 
-def attach(store: TraceStore | str | os.PathLike[str] | None, *, io_threads: int = DEFAULT_IO_THREADS,
-           **options: Any) -> Registration:
+def attach(
+    store: TraceStore | str | os.PathLike[str] | None, *, io_threads: int = DEFAULT_IO_THREADS, **options: Any
+) -> Registration:
     """Register a hook on the process's collector for `store` (created on first use).
 
     `options` are the hook's own (`mask`, `redact`, `max_chars`, `queue_size`, `exit_timeout`, `stats`).
@@ -167,8 +168,15 @@ class TraceCollector:
         self._batch_failure_logged = False
         self._init_runtime()
         # what `submit`, `stats` and `count` use when the collector is used directly
-        self._own = Registration(self, mask=mask, redact=redact, max_chars=max_chars, queue_size=queue_size,
-                                 exit_timeout=exit_timeout, stats=stats)
+        self._own = Registration(
+            self,
+            mask=mask,
+            redact=redact,
+            max_chars=max_chars,
+            queue_size=queue_size,
+            exit_timeout=exit_timeout,
+            stats=stats,
+        )
         _install_process_hooks()
         _LIVE.add(self)
 
@@ -180,8 +188,8 @@ class TraceCollector:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._wake = threading.Event()
-        self._accepted = 0   # records queued so far
-        self._done = 0       # records taken off the queue and finished (written or failed)
+        self._accepted = 0  # records queued so far
+        self._done = 0  # records taken off the queue and finished (written or failed)
         self._thread: threading.Thread | None = None
         self._held: list[_Item] = []  # what the writer took off the queue and still holds (see _run)
         self._logged: set[str] = set()  # failures of the writer itself already logged (each kind once)
@@ -495,8 +503,13 @@ class TraceCollector:
             reg.count("batch_write_errors")
         if not self._batch_failure_logged:
             self._batch_failure_logged = True
-            log.warning("flowrl: writing %d traces at once to %s failed (%s); writing them one at a time "
-                        "(logged once; counted in stats.batch_write_errors)", len(batch), self.store.root, exc)
+            log.warning(
+                "flowrl: writing %d traces at once to %s failed (%s); writing them one at a time "
+                "(logged once; counted in stats.batch_write_errors)",
+                len(batch),
+                self.store.root,
+                exc,
+            )
 
     def _finished(self, item: _Item, ok: bool) -> None:
         """A run is done with (once: a second call for it is ignored)."""
@@ -537,8 +550,9 @@ class TraceCollector:
         self._written(trace, reg)
         return self._save_outcomes(trace.trace_id, trace.outcomes, reg, masked=True)
 
-    def _save_outcomes(self, trace_id: str, outcomes: list[HostOutcome], reg: Registration, *,
-                       masked: bool = False) -> bool:
+    def _save_outcomes(
+        self, trace_id: str, outcomes: list[HostOutcome], reg: Registration, *, masked: bool = False
+    ) -> bool:
         """Append the host's outcomes of one run to the store's side records, masked like the trace (those
         said during the run were masked with it: `masked`)."""
         if not outcomes:

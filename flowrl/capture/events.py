@@ -128,8 +128,15 @@ class Adapter(Protocol):
         """Is this a kind of agent this adapter knows without being told its methods?"""
         ...
 
-    def plan(self, agent: Any, hook: Hook, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-             llm_methods: list[str] | None) -> list[PatchSpec]:
+    def plan(
+        self,
+        agent: Any,
+        hook: Hook,
+        *,
+        run_methods: list[str] | None,
+        tool_methods: list[str] | None,
+        llm_methods: list[str] | None,
+    ) -> list[PatchSpec]:
         """The patches for this agent; the method lists are the user's (None: the adapter's defaults)."""
         ...
 

@@ -165,6 +165,7 @@ def _finish(hook: Any, rec: RunRecord, agent: Any, ctx: Any) -> None:
             engine = _engine(agent)
             task = (getattr(engine, "_pending_finalize_tasks", None) or {}).get(rec.run_id)
             if task is not None and hasattr(task, "add_done_callback") and not task.done():
+
                 def refresh() -> None:
                     rec.status = _status(ctx)
 
@@ -295,8 +296,9 @@ def _engine_tool_handler(hook: Any) -> Callable[..., Any]:
         ev = ToolEvent("engine", perf_counter(), tool_call=tool_call)
         return ev if frame[0].add(ev) else None
 
-    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def proceed(
+        frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         return timed(hook, (frame[0], ev), ev, wrapped(*args, **kwargs))  # arun_function nests into it
 
     return guarded_call(hook, ENGINE_TOOL, record, proceed)
@@ -316,8 +318,9 @@ def _function_handler(hook: Any) -> Callable[..., Any]:
 
 
 def _timed_call(hook: Any) -> Any:
-    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def proceed(
+        frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         return timed(hook, None, ev, wrapped(*args, **kwargs))
 
     return proceed
@@ -335,8 +338,9 @@ def _llm_handler(hook: Any, marks: TokenMarks) -> Callable[..., Any]:
         ev = LLMEvent(perf_counter(), kwargs, model, bool(stream))
         return ev if frame[0].add(ev) else None
 
-    def proceed(frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def proceed(
+        frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         try:
             before = _tokens(instance)  # the counters as the call starts
         except Exception as exc:
@@ -345,6 +349,7 @@ def _llm_handler(hook: Any, marks: TokenMarks) -> Callable[..., Any]:
 
         def post(out: Any) -> Any:
             if callable(out) and inspect.isasyncgenfunction(out):
+
                 def done(last: Any, error: BaseException | None, completed: bool) -> None:
                     try:
                         ev.output, ev.duration = last, perf_counter() - ev.started
@@ -371,8 +376,15 @@ class FlowAgentAdapter:
     def detects(self, agent: Any) -> bool:
         return is_flowagent(agent)
 
-    def plan(self, agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-             llm_methods: list[str] | None) -> list[PatchSpec]:
+    def plan(
+        self,
+        agent: Any,
+        hook: Any,
+        *,
+        run_methods: list[str] | None,
+        tool_methods: list[str] | None,
+        llm_methods: list[str] | None,
+    ) -> list[PatchSpec]:
         cls = type(agent)
 
         def default(names: tuple[str, ...]) -> list[str]:  # defaults only where this FlowAgent has them
@@ -385,14 +397,27 @@ class FlowAgentAdapter:
         specs: list[PatchSpec] = []
         for name in runs:
             handler = {"a_run": _a_run_handler, "a_stream": _a_stream_handler}.get(name)
-            specs.append(PatchSpec(cls, name, None,
-                                   handler(hook) if handler else generic.run_handler(hook, name, "flowagent")))
+            specs.append(
+                PatchSpec(cls, name, None, handler(hook) if handler else generic.run_handler(hook, name, "flowagent"))
+            )
         for name in tools:
-            specs.append(PatchSpec(cls, name, None, _function_handler(hook) if name == TOOL_METHOD
-                                   else generic.tool_handler(hook, cls, name)))
+            specs.append(
+                PatchSpec(
+                    cls,
+                    name,
+                    None,
+                    _function_handler(hook) if name == TOOL_METHOD else generic.tool_handler(hook, cls, name),
+                )
+            )
         for name in llms:
-            specs.append(PatchSpec(cls, name, None, _llm_handler(hook, marks) if name == LLM_METHOD
-                                   else generic.llm_handler(hook, cls, name)))
+            specs.append(
+                PatchSpec(
+                    cls,
+                    name,
+                    None,
+                    _llm_handler(hook, marks) if name == LLM_METHOD else generic.llm_handler(hook, cls, name),
+                )
+            )
         try:
             engine_cls = _engine_class(agent)
             if not callable(getattr(engine_cls, ENGINE_TOOL, None)):

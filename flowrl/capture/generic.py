@@ -107,8 +107,7 @@ def run_handler(hook: Any, method: str, adapter: str = "generic") -> Callable[..
     return handler
 
 
-def _relay_run(rec: RunRecord, frame: Frame, agen: Any,
-               finish: Callable[..., None]) -> Any:
+def _relay_run(rec: RunRecord, frame: Frame, agen: Any, finish: Callable[..., None]) -> Any:
     """A streamed run: the answer is the text chunks joined, or the last item when they are not text."""
     texts: list[str] = []
     state: dict[str, Any] = {"last": None, "mixed": False}
@@ -134,8 +133,9 @@ def is_cancel(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError)
 
 
-def call_handler(hook: Any, method: str, kind: str, sig: inspect.Signature | None = None,
-                 is_coro: bool = False) -> Callable[..., Any]:
+def call_handler(
+    hook: Any, method: str, kind: str, sig: inspect.Signature | None = None, is_coro: bool = False
+) -> Callable[..., Any]:
     """A tool (`kind="tool"`) or LLM (`kind="llm"`) method of a generic agent. `sig` (without `self`)
     lets the writer name the arguments; `is_coro` (an `async def` method) skips what only plain
     methods need."""
@@ -148,8 +148,14 @@ def call_handler(hook: Any, method: str, kind: str, sig: inspect.Signature | Non
             ev = LLMEvent(perf_counter(), kwargs, kwargs.get("model"), bool(kwargs.get("stream")))
         return ev if frame[0].add(ev) else None
 
-    def proceed(frame: Frame, ev: Event, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
+    def proceed(
+        frame: Frame,
+        ev: Event,
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         if is_coro:  # calling it only creates the coroutine: its body runs inside `timed`
             return timed(hook, None, ev, wrapped(*args, **kwargs))
         token = enter_frame((frame[0], ev if isinstance(ev, ToolEvent) else None))
@@ -177,8 +183,15 @@ class GenericAdapter:
     def detects(self, agent: Any) -> bool:
         return False  # never without being told the methods
 
-    def plan(self, agent: Any, hook: Any, *, run_methods: list[str] | None, tool_methods: list[str] | None,
-             llm_methods: list[str] | None) -> list[PatchSpec]:
+    def plan(
+        self,
+        agent: Any,
+        hook: Any,
+        *,
+        run_methods: list[str] | None,
+        tool_methods: list[str] | None,
+        llm_methods: list[str] | None,
+    ) -> list[PatchSpec]:
         cls = type(agent)
         specs = [PatchSpec(cls, name, None, run_handler(hook, name)) for name in run_methods or ()]
         specs += [PatchSpec(cls, name, None, tool_handler(hook, cls, name)) for name in tool_methods or ()]

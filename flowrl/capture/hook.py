@@ -45,10 +45,25 @@ from flowrl.store import TRACE_ID, TraceStore
 log = logging.getLogger("flowrl.capture")
 
 DEFAULT_MAX_EVENTS = 10_000
-OPTIONS = frozenset({
-    "run_methods", "tool_methods", "llm_methods", "mask", "queue_size", "agent_name", "adapter", "redact",
-    "max_chars", "max_events_per_run", "exit_timeout", "metadata", "io_threads", "source", "on_trace",
-})
+OPTIONS = frozenset(
+    {
+        "run_methods",
+        "tool_methods",
+        "llm_methods",
+        "mask",
+        "queue_size",
+        "agent_name",
+        "adapter",
+        "redact",
+        "max_chars",
+        "max_events_per_run",
+        "exit_timeout",
+        "metadata",
+        "io_threads",
+        "source",
+        "on_trace",
+    }
+)
 _WARN_FIRST = 3
 
 
@@ -58,10 +73,19 @@ class Hook:
     A thin registration on the process's collector for its store (`collector.attach`): the writer
     thread is shared with every other hook on that store; the stats, masking and metadata are its own."""
 
-    def __init__(self, agent: Any, registration: Registration, *, adapter: str, agent_name: str | None,
-                 metadata: dict[str, Any] | None = None, max_events: int = DEFAULT_MAX_EVENTS,
-                 options: dict[str, Any] | None = None, source: str = "live",
-                 on_trace: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        registration: Registration,
+        *,
+        adapter: str,
+        agent_name: str | None,
+        metadata: dict[str, Any] | None = None,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        options: dict[str, Any] | None = None,
+        source: str = "live",
+        on_trace: Callable[[Any], None] | None = None,
+    ) -> None:
         self.registration = registration
         self.options = dict(options or {})  # what it was hooked with (a re-hook must match them)
         self.adapter = adapter
@@ -126,16 +150,25 @@ class Hook:
         except Exception as exc:  # pragma: no cover - defensive
             self.fail("closing the writer", exc)
 
-    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, *, reference: Any = None,
-                       success: bool | None = None, rewards: Mapping[str, float] | None = None,
-                       feedback: str | None = None, source: str = "app") -> bool:
+    def record_outcome(
+        self,
+        trace_id: str,
+        outcome: HostOutcome | None = None,
+        *,
+        reference: Any = None,
+        success: bool | None = None,
+        rewards: Mapping[str, float] | None = None,
+        feedback: str | None = None,
+        source: str = "app",
+    ) -> bool:
         """Say how a run went, any time after it (its id: `flowrl.current_run().trace_id`, or a stored trace's).
         Appended to the store's side records by the writer thread (masked like traces), so it survives
         re-scoring; no file I/O here. Never raises: a bad value is counted (`stats.outcome_errors`), logged, and
         False returned. `flush()` waits for it like a run."""
         if outcome is None:
-            outcome = self.make_outcome(reference=reference, success=success, rewards=rewards, feedback=feedback,
-                                        source=source)
+            outcome = self.make_outcome(
+                reference=reference, success=success, rewards=rewards, feedback=feedback, source=source
+            )
             if outcome is None:
                 return False
         if not isinstance(trace_id, str) or not TRACE_ID.match(trace_id):
@@ -191,8 +224,13 @@ class Hook:
     def _log_failure(self, where: str, exc: BaseException) -> None:
         n = self._fail_counts[where] = self._fail_counts.get(where, 0) + 1
         if n <= _WARN_FIRST or n % 1000 == 0:
-            log.warning("flowrl capture: %s failed (%d so far); the agent is not affected: %r", where, n, exc,
-                        exc_info=exc if n == 1 else None)
+            log.warning(
+                "flowrl capture: %s failed (%d so far); the agent is not affected: %r",
+                where,
+                n,
+                exc,
+                exc_info=exc if n == 1 else None,
+            )
 
     def unattributed(self) -> None:
         self.registration.count("unattributed")
@@ -260,7 +298,9 @@ class Hook:
             for cls, attr, via, handler in ((p.owner, p.attr, p.via, p.handler) for p in specs):
                 owner = _patch.owner_of(cls, attr)
                 if owner is None:
-                    raise ConfigError(f"{cls.__name__} has no method {attr!r}: check run_methods/tool_methods/llm_methods")
+                    raise ConfigError(
+                        f"{cls.__name__} has no method {attr!r}: check run_methods/tool_methods/llm_methods"
+                    )
                 try:
                     _patch.acquire(owner, attr, via)
                 except TypeError as exc:
@@ -344,8 +384,9 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     """
     unknown = set(options) - OPTIONS
     if unknown:
-        raise ConfigError(f"unknown option(s) for hook_into_agent: {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(OPTIONS))})")
+        raise ConfigError(
+            f"unknown option(s) for hook_into_agent: {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})"
+        )
     if agent is None or isinstance(agent, type):
         raise ConfigError("hook_into_agent needs an agent instance, not None or a class")
     with _patch._LOCK:
@@ -357,8 +398,10 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     tool_methods = _names(options.get("tool_methods"), "tool_methods")
     llm_methods = _names(options.get("llm_methods"), "llm_methods")
     if adapter == "generic" and not run_methods:
-        raise ConfigError(f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
-                          "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])")
+        raise ConfigError(
+            f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
+            "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])"
+        )
     max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
     if not isinstance(max_events, int) or max_events < 0:
         raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
@@ -372,32 +415,53 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     if on_trace is not None and not callable(on_trace):
         raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
     effective = {
-        "adapter": adapter, "run_methods": run_methods, "tool_methods": tool_methods, "llm_methods": llm_methods,
-        "mask": mask, "redact": bool(options.get("redact", True)), "max_events_per_run": max_events,
+        "adapter": adapter,
+        "run_methods": run_methods,
+        "tool_methods": tool_methods,
+        "llm_methods": llm_methods,
+        "mask": mask,
+        "redact": bool(options.get("redact", True)),
+        "max_events_per_run": max_events,
         "max_chars": options.get("max_chars", DEFAULT_MAX_CHARS),
         "queue_size": options.get("queue_size", DEFAULT_QUEUE_SIZE),
         "exit_timeout": options.get("exit_timeout", DEFAULT_EXIT_TIMEOUT),
         "io_threads": options.get("io_threads", DEFAULT_IO_THREADS),
         "agent_name": _agent_name(agent, options.get("agent_name")),
         "metadata": dict(options.get("metadata") or {}),
-        "source": source, "on_trace": on_trace,
+        "source": source,
+        "on_trace": on_trace,
     }
     try:  # outside _patch._LOCK: whoever holds that lock never waits for the collectors' registry
         effective["exit_timeout"] = float(effective["exit_timeout"])
         registration = attach(
-            store, io_threads=effective["io_threads"], mask=mask, queue_size=effective["queue_size"],
-            redact=effective["redact"], max_chars=effective["max_chars"], exit_timeout=effective["exit_timeout"])
+            store,
+            io_threads=effective["io_threads"],
+            mask=mask,
+            queue_size=effective["queue_size"],
+            redact=effective["redact"],
+            max_chars=effective["max_chars"],
+            exit_timeout=effective["exit_timeout"],
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"hook_into_agent: {exc}") from exc
     try:
         with _patch._LOCK:
             existing = _already_hooked(agent, store, options)  # by another thread, meanwhile
             if existing is None:
-                hook = Hook(agent, registration, adapter=adapter, agent_name=effective["agent_name"],
-                            metadata=effective["metadata"], max_events=max_events, options=effective,
-                            source=source, on_trace=on_trace)
-                specs = ADAPTERS[adapter]().plan(agent, hook, run_methods=run_methods,
-                                                 tool_methods=tool_methods, llm_methods=llm_methods)
+                hook = Hook(
+                    agent,
+                    registration,
+                    adapter=adapter,
+                    agent_name=effective["agent_name"],
+                    metadata=effective["metadata"],
+                    max_events=max_events,
+                    options=effective,
+                    source=source,
+                    on_trace=on_trace,
+                )
+                specs = ADAPTERS[adapter]().plan(
+                    agent, hook, run_methods=run_methods, tool_methods=tool_methods, llm_methods=llm_methods
+                )
                 hook._install(agent, specs)
     except BaseException:
         registration.close(0)
@@ -419,7 +483,8 @@ def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | N
         raise ConfigError(
             f"{type(agent).__name__} is already hooked (into {existing.store.root}) with other options: "
             f"{'; '.join(differ)}. Call hook.unhook() first to hook it with these, or call "
-            "hook_into_agent with the same options (or none) to get its Hook")
+            "hook_into_agent with the same options (or none) to get its Hook"
+        )
     log.debug("flowrl: %r is already hooked; returning its Hook", type(agent).__name__)
     return existing
 

@@ -101,10 +101,14 @@ def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
         out["user_query"] = redactor.redact(out["user_query"])
     if out.get("messages") is not None:
         out["messages"] = [_mask_message(redactor, m) for m in out["messages"]]
-    out["tool_calls"] = [_mask_fields(redactor, c, ("arguments", "result", "error", "function_error"))
-                         for c in out.get("tool_calls") or []]
-    out["reasoning_steps"] = [_mask_fields(redactor, s, ("content", "thought", "insights", "issues"))
-                              for s in out.get("reasoning_steps") or []]
+    out["tool_calls"] = [
+        _mask_fields(redactor, c, ("arguments", "result", "error", "function_error"))
+        for c in out.get("tool_calls") or []
+    ]
+    out["reasoning_steps"] = [
+        _mask_fields(redactor, s, ("content", "thought", "insights", "issues"))
+        for s in out.get("reasoning_steps") or []
+    ]
     context_changed = redactor.changed
     for name in ("final_response", "review_notes"):
         if name in out:
@@ -134,16 +138,21 @@ def redact_trace(redactor: Any, data: dict[str, Any]) -> dict[str, Any]:
     context_changed += redactor.changed - before_tools
     _drop_token_ids(llm_calls, outputs_changed, context_changed > 0)
     if isinstance(out.get("metadata"), dict):  # the host's `metadata=` values and the run's error included
-        out["metadata"] = {k: v if k in OWN_METADATA else redactor.redact(v, k if isinstance(k, str) else None)
-                           for k, v in out["metadata"].items()}
+        out["metadata"] = {
+            k: v if k in OWN_METADATA else redactor.redact(v, k if isinstance(k, str) else None)
+            for k, v in out["metadata"].items()
+        }
     return out
 
 
 def _drop_token_ids(calls: list[Any], outputs_changed: list[bool], context_changed: bool) -> None:
     earlier_changed = False  # an earlier call's output is in this call's prompt
     for call, own_changed in zip(calls, outputs_changed):
-        if (own_changed or context_changed or earlier_changed) and isinstance(call, dict) \
-                and (call.get("prompt_token_ids") is not None or call.get("token_ids") is not None):
+        if (
+            (own_changed or context_changed or earlier_changed)
+            and isinstance(call, dict)
+            and (call.get("prompt_token_ids") is not None or call.get("token_ids") is not None)
+        ):
             call["prompt_token_ids"] = call["token_ids"] = None
             call["token_ids_dropped"] = "redacted"
         earlier_changed = earlier_changed or own_changed

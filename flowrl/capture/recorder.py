@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Frame = tuple["RunRecord", "ToolEvent | None"]
 _FRAME: ContextVar[Frame | None] = ContextVar("flowrl_capture_frame", default=None)
-enter_frame = _FRAME.set    # -> a token for leave_frame; always reset in the same coroutine frame
+enter_frame = _FRAME.set  # -> a token for leave_frame; always reset in the same coroutine frame
 leave_frame = _FRAME.reset
 current_frame = _FRAME.get
 
@@ -46,9 +46,28 @@ class RunRecord:
     """What one captured run did, in plain Python values. Built on the host's loop, read by the writer."""
 
     __slots__ = (
-        "hook", "adapter", "method", "query", "session_id", "wall0", "perf0", "events", "closed",
-        "duration", "result", "exc", "status", "run_id", "messages", "chunks", "meta", "max_events",
-        "overflow", "pre", "trace_id", "outcomes",
+        "hook",
+        "adapter",
+        "method",
+        "query",
+        "session_id",
+        "wall0",
+        "perf0",
+        "events",
+        "closed",
+        "duration",
+        "result",
+        "exc",
+        "status",
+        "run_id",
+        "messages",
+        "chunks",
+        "meta",
+        "max_events",
+        "overflow",
+        "pre",
+        "trace_id",
+        "outcomes",
     )
 
     def __init__(self, hook: Hook, adapter: str, method: str, query: Any, session_id: Any) -> None:

@@ -29,26 +29,25 @@ def check_queue_size(queue_size: Any) -> None:
         raise ValueError(f"queue_size must be a positive integer, not {queue_size!r}")
 
 
-
 @dataclass
 class CaptureStats:
     """Counters of one hook. Read them any time; they only go up."""
 
-    captured: int = 0        # runs finished and handed to the writer
-    dropped: int = 0         # runs not written because the queue was full or the hook was closed
-    written: int = 0         # traces written to the store
-    errors: int = 0          # failures inside flowrl, all kinds (capture steps, building, writing)
-    write_errors: int = 0    # of which: the store refused the write
-    build_errors: int = 0    # of which: a record could not be turned into a valid trace
+    captured: int = 0  # runs finished and handed to the writer
+    dropped: int = 0  # runs not written because the queue was full or the hook was closed
+    written: int = 0  # traces written to the store
+    errors: int = 0  # failures inside flowrl, all kinds (capture steps, building, writing)
+    write_errors: int = 0  # of which: the store refused the write
+    build_errors: int = 0  # of which: a record could not be turned into a valid trace
     capture_errors: int = 0  # of which: a capture step on the host's side failed (the run went on)
     batch_write_errors: int = 0  # write_many raised; its traces were then written one at a time
-    mask_failures: int = 0   # values masked whole because the user's mask raised
+    mask_failures: int = 0  # values masked whole because the user's mask raised
     secrets_masked: int = 0  # secrets replaced by the built-in patterns
-    tool_calls: int = 0      # tool calls in written traces
-    llm_calls: int = 0       # LLM calls in written traces
-    unattributed: int = 0    # calls on a hooked agent outside any captured run (not recorded)
+    tool_calls: int = 0  # tool calls in written traces
+    llm_calls: int = 0  # LLM calls in written traces
+    unattributed: int = 0  # calls on a hooked agent outside any captured run (not recorded)
     events_over_limit: int = 0  # events past max_events_per_run (not recorded)
-    outcomes: int = 0        # the host's outcomes recorded in the store (`record_outcome`)
+    outcomes: int = 0  # the host's outcomes recorded in the store (`record_outcome`)
     outcome_errors: int = 0  # of which could not be: a bad value, or the store refused the write
 
     def as_dict(self) -> dict[str, int]:
@@ -61,10 +60,17 @@ class Registration:
     `submit(record)` queues a record (anything with `.build() -> dict`), `flush()` waits for what was
     queued, `close()` lets go of the collector (the last registration to go stops its threads)."""
 
-    def __init__(self, collector: TraceCollector, *, mask: Callable[[str], str] | None = None,
-                 redact: bool = True, max_chars: int | None = DEFAULT_MAX_CHARS,
-                 queue_size: int = DEFAULT_QUEUE_SIZE, exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
-                 stats: CaptureStats | None = None) -> None:
+    def __init__(
+        self,
+        collector: TraceCollector,
+        *,
+        mask: Callable[[str], str] | None = None,
+        redact: bool = True,
+        max_chars: int | None = DEFAULT_MAX_CHARS,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        stats: CaptureStats | None = None,
+    ) -> None:
         check_queue_size(queue_size)
         self.collector = collector
         self.redactor = Redactor(mask=mask, max_chars=max_chars) if redact else None
@@ -81,8 +87,8 @@ class Registration:
         self.before_flush: Callable[[float | None], None] | None = None
         self.on_written: Callable[[Any], None] | None = None  # given each trace once it is written
         self.accepted = 0  # records queued (host side, under the collector's lock)
-        self.taken = 0     # records the writer took off the queue (written by the writer thread only)
-        self.failed = 0    # records that failed to build or to write
+        self.taken = 0  # records the writer took off the queue (written by the writer thread only)
+        self.failed = 0  # records that failed to build or to write
         self.failed_reported = 0  # failures a flush() has already answered False for
         self.closed = False
 
@@ -122,5 +128,3 @@ class Registration:
                 self.before_flush(timeout)
             except Exception as exc:  # pragma: no cover - defensive
                 self.collector._fail(self, "finishing waiting runs", exc)
-
-

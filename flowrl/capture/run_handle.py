@@ -35,14 +35,21 @@ class RunHandle:
     def agent_name(self) -> str | None:
         return self._run.hook.agent_name
 
-    def record_outcome(self, *, reference: Any = None, success: bool | None = None,
-                       rewards: Mapping[str, float] | None = None, feedback: str | None = None,
-                       source: str = "app") -> bool:
+    def record_outcome(
+        self,
+        *,
+        reference: Any = None,
+        success: bool | None = None,
+        rewards: Mapping[str, float] | None = None,
+        feedback: str | None = None,
+        source: str = "app",
+    ) -> bool:
         """Say how this run went (every field optional; see `flowrl.outcomes`). During the run it is written
         with the trace; after, on its own. True when it was accepted for writing."""
         hook = self._run.hook
-        outcome = hook.make_outcome(reference=reference, success=success, rewards=rewards, feedback=feedback,
-                                    source=source)
+        outcome = hook.make_outcome(
+            reference=reference, success=success, rewards=rewards, feedback=feedback, source=source
+        )
         if outcome is None:
             return False
         if self._run.add_outcome(outcome):

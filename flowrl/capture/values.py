@@ -30,12 +30,22 @@ from flowrl.capture.registration import DEFAULT_MAX_CHARS
 MAX_DEPTH = 64  # containers nested deeper are cut there (orjson refuses past 255 levels in all)
 REPR_CHARS = 200  # of an object's repr() in its placeholder
 MASK_MARGIN = 8192  # a secret this long across a cut is still masked whole (see Values.cut)
-_INT_MIN, _INT_MAX = -(2 ** 63), 2 ** 64 - 1  # what JSON writers (orjson) take as numbers
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what JSON writers (orjson) take as numbers
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _SEQUENCES = (list, tuple, set, frozenset, collections.deque)
 # types with one JSON form (pydantic's): dates and times in ISO 8601, the others as text
-_LEAVES = (datetime.date, datetime.time, datetime.timedelta, uuid.UUID, decimal.Decimal, PurePath,
-           ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Network, ipaddress.IPv6Network)
+_LEAVES = (
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    uuid.UUID,
+    decimal.Decimal,
+    PurePath,
+    ipaddress.IPv4Address,
+    ipaddress.IPv6Address,
+    ipaddress.IPv4Network,
+    ipaddress.IPv6Network,
+)
 
 
 def unserialisable(kind: str, detail: str) -> str:
@@ -54,7 +64,7 @@ def _digits(n: int) -> str:
     low = int(max(bits - 1, 0) * 0.30102999566398120) + 1  # the digits of 2**(bits-1)
     if bits > 1 << 16:  # 10**low would cost more than the answer is worth
         return f"about {low} digits"
-    return f"{low + 1 if n >= 10 ** low else low} digits"
+    return f"{low + 1 if n >= 10**low else low} digits"
 
 
 def _valid_text(text: str) -> str:
@@ -239,7 +249,7 @@ class Values:
         this avoids)."""
         keep = self.keep or 0
         region = keep + (MASK_MARGIN if self.premask is not None else 0)
-        head, tail = _valid_text(text[:region]), _valid_text(text[max(0, n - region):])
+        head, tail = _valid_text(text[:region]), _valid_text(text[max(0, n - region) :])
         if self.premask is not None:
             head, tail = self.premask.redact_text(head), self.premask.redact_text(tail)
         return f"{head[:keep]}…[truncated {n - 2 * keep} chars]…{tail[-keep:]}"
@@ -257,7 +267,7 @@ class _Parts:
         for part in self.parts:
             end = at + len(part)
             if end > start and at < stop:
-                out.append(part[max(0, start - at):stop - at])
+                out.append(part[max(0, start - at) : stop - at])
             at = end
         return "".join(out)
 

@@ -14,7 +14,9 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 StoreOption = typer.Option(
-    None, "--store", help="Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces)."
+    None,
+    "--store",
+    help="Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces).",
 )
 
 

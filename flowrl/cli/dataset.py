@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -14,6 +14,7 @@ from flowrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from flowrl.data import DatasetFilter
+    from flowrl.data.grouping import GroupBy
     from flowrl.store import TraceStore
 
 METHOD_HELP = "kto, grpo (online prompts), grpo-offline (logged groups), sft or dpo."
@@ -30,15 +31,30 @@ def build_dataset(
     min_reward: float | None = typer.Option(None, help="Only traces with reward_score >= this."),
     max_reward: float | None = typer.Option(None, help="Only traces with reward_score <= this."),
     label_source: str | None = typer.Option(None, help="Only traces labelled this way: manual or engine."),
-    dedupe: bool = typer.Option(True, "--dedupe/--no-dedupe", help="Drop traces whose conversation repeats an earlier one."),
+    dedupe: bool = typer.Option(
+        True, "--dedupe/--no-dedupe", help="Drop traces whose conversation repeats an earlier one."
+    ),
     group_by: str = typer.Option("query", help="What makes two traces the same task: query, group_key or embedding."),
     similarity: float = typer.Option(0.9, help="Cosine similarity for --group-by embedding."),
-    embedding_model: str | None = typer.Option(None, help="Local sentence-transformers folder for --group-by embedding."),
+    embedding_model: str | None = typer.Option(
+        None, help="Local sentence-transformers folder for --group-by embedding."
+    ),
     val_fraction: float = typer.Option(0.1, help="Share of tasks (groups) held out for validation; 0 for none."),
     seed: int = typer.Option(0, help="Seed of the split and of KTO's shuffle."),
-    max_chars: int = typer.Option(32000, help="Length budget of a row in characters (0: none); truncations are counted."),
-    base_model: str | None = typer.Option(None, "--base-model", "-b", help="Measure rows in this model's tokens and drop (and list) those over --max-length."),
-    max_length: int = typer.Option(1024, "--max-length", help="Token budget per sequence with --base-model (default: the CPU training profile's 1024)."),
+    max_chars: int = typer.Option(
+        32000, help="Length budget of a row in characters (0: none); truncations are counted."
+    ),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        "-b",
+        help="Measure rows in this model's tokens and drop (and list) those over --max-length.",
+    ),
+    max_length: int = typer.Option(
+        1024,
+        "--max-length",
+        help="Token budget per sequence with --base-model (default: the CPU training profile's 1024).",
+    ),
     arguments: str = typer.Option("dict", help="Tool-call arguments as dict (HF templates) or string (OpenAI)."),
     parquet: bool = typer.Option(False, "--parquet", help="Also write data/{split}.parquet."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a dataset already in --out."),
@@ -47,21 +63,36 @@ def build_dataset(
     threshold: float | None = typer.Option(None, help="KTO: label = reward_score >= this (manual labels still win)."),
     min_group_size: int | None = typer.Option(None, help="grpo-offline: smallest group kept (default 2)."),
     max_group_size: int | None = typer.Option(None, help="grpo-offline: largest group (default 16; 0: no cap)."),
-    select: str | None = typer.Option(None, help="SFT: top (top share by reward, default), label (label true) or best (per task)."),
+    select: str | None = typer.Option(
+        None, help="SFT: top (top share by reward, default), label (label true) or best (per task)."
+    ),
     top_share: float | None = typer.Option(None, help="SFT --select top: share of traces kept (default 0.25)."),
-    min_margin: float | None = typer.Option(None, help="DPO: smallest reward margin between chosen and rejected (default 0.1)."),
+    min_margin: float | None = typer.Option(
+        None, help="DPO: smallest reward margin between chosen and rejected (default 0.1)."
+    ),
 ) -> None:
     """Build a dataset for TRL from the trace store: a DatasetDict on disk, JSONL, a card and a summary."""
     from flowrl.data import DatasetError, DatasetFilter, DatasetPipeline
     from flowrl.methods import make_builder
 
     options = {
-        "rows": kto_rows, "threshold": threshold, "min_group_size": min_group_size, "max_group_size": max_group_size,
-        "select": select, "top_share": top_share, "min_margin": min_margin,
+        "rows": kto_rows,
+        "threshold": threshold,
+        "min_group_size": min_group_size,
+        "max_group_size": max_group_size,
+        "select": select,
+        "top_share": top_share,
+        "min_margin": min_margin,
     }
-    flags = {"rows": "--kto-rows", "threshold": "--threshold", "min_group_size": "--min-group-size",
-             "max_group_size": "--max-group-size", "select": "--select", "top_share": "--top-share",
-             "min_margin": "--min-margin"}
+    flags = {
+        "rows": "--kto-rows",
+        "threshold": "--threshold",
+        "min_group_size": "--min-group-size",
+        "max_group_size": "--max-group-size",
+        "select": "--select",
+        "top_share": "--top-share",
+        "min_margin": "--min-margin",
+    }
     given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if given.get("max_group_size") == 0:
         given["max_group_size"] = None
@@ -72,15 +103,31 @@ def build_dataset(
         raise ConfigError(f"{', '.join(wrong)} does not apply to --method {method}")
     if given:
         builder = dataclasses.replace(builder, **given)
-    filters = DatasetFilter(since=_date(since, "since"), until=_date(until, "until"), agent=agent, source=source,
-                            min_reward=min_reward, max_reward=max_reward, label_source=label_source, dedupe=dedupe)
+    filters = DatasetFilter(
+        since=_date(since, "since"),
+        until=_date(until, "until"),
+        agent=agent,
+        source=source,
+        min_reward=min_reward,
+        max_reward=max_reward,
+        label_source=label_source,
+        dedupe=dedupe,
+    )
     budget = None
     if base_model is not None:
         from flowrl.train.inspect import token_budget
 
         budget = token_budget(builder.method, base_model, max_length)
-    pipeline = DatasetPipeline(builder, filters=filters, group_by=group_by, similarity=similarity,  # type: ignore[arg-type]
-                               embedding_model=embedding_model, val_fraction=val_fraction, seed=seed, budget=budget)
+    pipeline = DatasetPipeline(
+        builder,
+        filters=filters,
+        group_by=cast("GroupBy", group_by),  # checked by the pipeline, which names the allowed values
+        similarity=similarity,
+        embedding_model=embedding_model,
+        val_fraction=val_fraction,
+        seed=seed,
+        budget=budget,
+    )
     st = open_store(store)
     try:
         if quiet:
@@ -112,8 +159,14 @@ def _with_progress(pipeline, st, out, parquet, overwrite):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     labels = {"read": "reading traces", "write": "writing rows"}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
         tasks: dict[str, int] = {}
 
         def on_progress(phase: str, done: int, total: int | None) -> None:
@@ -131,11 +184,15 @@ def register(app: typer.Typer) -> None:
 
 def show(
     path: Path = typer.Argument(..., help="A dataset folder written by `flowrl build-dataset`."),
-    base_model: str | None = typer.Option(None, "--base-model", "-b", help="Model whose tokenizer encodes the row (default: the embedded SmolLM2)."),
+    base_model: str | None = typer.Option(
+        None, "--base-model", "-b", help="Model whose tokenizer encodes the row (default: the embedded SmolLM2)."
+    ),
     row: int = typer.Option(0, "--row", "-r", help="Row number in the split."),
     split: str = typer.Option("train", "--split", "-s", help="train or validation."),
     method: str | None = typer.Option(None, "--method", "-m", help="Only for datasets without flowrl_dataset.json."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"input_ids", "loss_mask", "text"} (or {"sequences": [...]}) as JSON.'),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"input_ids", "loss_mask", "text"} (or {"sequences": [...]}) as JSON.'
+    ),
 ) -> None:
     """Show a row as the trainer sees it: its tokens, with the ones that carry loss highlighted."""
     import json
@@ -152,16 +209,25 @@ def show(
         err_console.print(f"note: {note}", highlight=False, markup=False)
     for n, seq in enumerate(shown.sequences):
         trained = sum(seq["loss_mask"])
-        console.print(f"{shown.method} {shown.split} row {shown.index} of {shown.rows}, sequence {n + 1} of "
-                      f"{len(shown.sequences)}: {len(seq['input_ids'])} tokens, {trained} with loss "
-                      f"({seq['source']})", style="bold", highlight=False, markup=False)
+        console.print(
+            f"{shown.method} {shown.split} row {shown.index} of {shown.rows}, sequence {n + 1} of "
+            f"{len(shown.sequences)}: {len(seq['input_ids'])} tokens, {trained} with loss "
+            f"({seq['source']})",
+            style="bold",
+            highlight=False,
+            markup=False,
+        )
         text = Text()
         for token, mask in zip(seq["tokens"], seq["loss_mask"]):
             text.append(token, style="bold green" if mask else "dim")
         console.print(text, highlight=False)
         console.print("")
-    console.print("green: loss (tokens the model generated in that run); dim: context, no loss", style="dim",
-                  highlight=False, markup=False)
+    console.print(
+        "green: loss (tokens the model generated in that run); dim: context, no loss",
+        style="dim",
+        highlight=False,
+        markup=False,
+    )
 
 
 def register_dataset_group(app: typer.Typer) -> None:

@@ -13,11 +13,15 @@ def demo(
     kto_steps: int = typer.Option(4, min=1, help="KTO training steps."),
     grpo_steps: int = typer.Option(2, min=1, help="GRPO training steps."),
     improve_rounds: int = typer.Option(1, min=1, help="Rounds of `flowrl improve` (collect, select, train, eval)."),
-    improve_train_tasks: int = typer.Option(40, min=1, help="Train tasks per improve round (each run --improve-samples times)."),
+    improve_train_tasks: int = typer.Option(
+        40, min=1, help="Train tasks per improve round (each run --improve-samples times)."
+    ),
     improve_samples: int = typer.Option(4, min=1, help="Runs per train task per improve round."),
     improve_eval_tasks: int = typer.Option(60, min=1, help="Held-out tasks each improve arm is graded on."),
     quant: str = typer.Option("q8_0", help="GGUF quantisation: f16, bf16, q8_0 or q4_0."),
-    flowagent_data: Path | None = typer.Option(None, help="A toolboxv2 data dir to ingest (default: the FlowAgent 0.1.28 files shipped with flowrl)."),
+    flowagent_data: Path | None = typer.Option(
+        None, help="A toolboxv2 data dir to ingest (default: the FlowAgent 0.1.28 files shipped with flowrl)."
+    ),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of reusing what an earlier run made."),
 ) -> None:
     """Run the whole loop: capture, ingest, score, build, train, improve (rounds with held-out evals), export, report."""
@@ -29,14 +33,29 @@ def demo(
 
     from flowrl.demo.run import Demo, DemoConfig, StageResult
 
-    cfg = DemoConfig(out=out, repeats=repeats, kto_steps=kto_steps, grpo_steps=grpo_steps, quant=quant,
-                     fresh=fresh, flowagent_data=flowagent_data, improve_rounds=improve_rounds,
-                     improve_train_tasks=improve_train_tasks, improve_samples=improve_samples,
-                     improve_eval_tasks=improve_eval_tasks)
+    cfg = DemoConfig(
+        out=out,
+        repeats=repeats,
+        kto_steps=kto_steps,
+        grpo_steps=grpo_steps,
+        quant=quant,
+        fresh=fresh,
+        flowagent_data=flowagent_data,
+        improve_rounds=improve_rounds,
+        improve_train_tasks=improve_train_tasks,
+        improve_samples=improve_samples,
+        improve_eval_tasks=improve_eval_tasks,
+    )
     started = time.perf_counter()
     screen = Console(file=sys.stdout, soft_wrap=True)  # bound now: stages send library chatter to demo-out/logs/
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=screen, transient=True) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=screen,
+        transient=True,
+    ) as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:
@@ -50,7 +69,9 @@ def demo(
             if res.name in tasks:
                 progress.remove_task(tasks.pop(res.name))
             tag = " [dim](reused)[/dim]" if res.reused else ""
-            progress.console.print(f"[green]✓[/green] [bold]{res.name:<8}[/bold] {res.seconds:6.1f}s  {res.summary}{tag}")
+            progress.console.print(
+                f"[green]✓[/green] [bold]{res.name:<8}[/bold] {res.seconds:6.1f}s  {res.summary}{tag}"
+            )
 
         def stage_started(name: str) -> None:
             tasks[name] = progress.add_task(name, total=None)

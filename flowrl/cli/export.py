@@ -14,28 +14,51 @@ def register(app: typer.Typer) -> None:
 
 
 def export(
-    model: Path = typer.Option(..., "--model", help="Adapter folder from `flowrl train`, or a merged Hugging Face model folder."),
+    model: Path = typer.Option(
+        ..., "--model", help="Adapter folder from `flowrl train`, or a merged Hugging Face model folder."
+    ),
     out: Path = typer.Option(..., "--out", help="Output folder (merged/, the .gguf file, Modelfile, export.json)."),
     format: str = typer.Option("gguf", "--format", help="gguf or safetensors."),
     quant: str = typer.Option("q8_0", "--quant", help="f16, bf16, q8_0 or q4_0 (GGUF only)."),
-    ollama: str | None = typer.Option(None, "--ollama", help="Register the model with Ollama under this name (`ollama create`), or print the command when Ollama is not installed."),
+    ollama: str | None = typer.Option(
+        None,
+        "--ollama",
+        help="Register the model with Ollama under this name (`ollama create`), or print the command when Ollama is not installed.",
+    ),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip loading the GGUF back and comparing logits."),
-    base_model: str | None = typer.Option(None, "--base-model", help="Base model folder, overriding base_model_name_or_path in adapter_config.json."),
-    dtype: str = typer.Option("auto", "--dtype", help="dtype of the merged safetensors: auto (the base's), float32, float16, bfloat16."),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="Base model folder, overriding base_model_name_or_path in adapter_config.json."
+    ),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="dtype of the merged safetensors: auto (the base's), float32, float16, bfloat16."
+    ),
     name: str = typer.Option("model", "--name", help="File name stem of the GGUF file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an export already in --out."),
 ) -> None:
     """Merge the LoRA adapter, write GGUF (quantised in Python), verify it, and write an Ollama Modelfile."""
     from flowrl.export.pipeline import ExportPipeline
 
-    pipeline = ExportPipeline(model, out, format=format.lower(), quant=quant, ollama_name=ollama, verify=not no_verify,
-                              base_model=base_model, dtype=dtype, name=name, overwrite=overwrite,
-                              progress=lambda step: console.print(f"[bold]·[/bold] {step}", highlight=False))
+    pipeline = ExportPipeline(
+        model,
+        out,
+        format=format.lower(),
+        quant=quant,
+        ollama_name=ollama,
+        verify=not no_verify,
+        base_model=base_model,
+        dtype=dtype,
+        name=name,
+        overwrite=overwrite,
+        progress=lambda step: console.print(f"[bold]·[/bold] {step}", highlight=False),
+    )
     with console.status("exporting"):
         result = pipeline.run()
     console.print(f"merged model  {result.model_dir}", highlight=False)
     if result.gguf_path:
-        console.print(f"GGUF          {result.gguf_path} ({result.gguf_path.stat().st_size / 1e6:.1f} MB, {quant})", highlight=False)
+        console.print(
+            f"GGUF          {result.gguf_path} ({result.gguf_path.stat().st_size / 1e6:.1f} MB, {quant})",
+            highlight=False,
+        )
     if result.verification:
         console.print(f"verified      {result.verification}", highlight=False)
     elif format == "gguf":
@@ -46,8 +69,12 @@ def export(
         console.print(f"[yellow]warning[/yellow] {warning}", highlight=False)
     console.print(f"Modelfile     {result.modelfile}", highlight=False)
     if result.ollama_created:
-        console.print(f"ollama        created {ollama}; use it with use_model(agent, 'ollama/{ollama}')", highlight=False)
+        console.print(
+            f"ollama        created {ollama}; use it with use_model(agent, 'ollama/{ollama}')", highlight=False
+        )
     elif ollama:
-        console.print(f"ollama        not on PATH here; run where Ollama is installed: {result.ollama_command}", highlight=False)
+        console.print(
+            f"ollama        not on PATH here; run where Ollama is installed: {result.ollama_command}", highlight=False
+        )
     else:
         console.print(f"ollama        to register it: {result.ollama_command}", highlight=False)

@@ -16,7 +16,8 @@ from flowrl.ingest.summary import IngestSummary
 
 PathsArgument = typer.Argument(..., help="Data dir, Agents/ dir, checkpoint dir, obs dir, rl_traces store, or files.")
 LiveIdleOption = typer.Option(
-    LIVE_IDLE_S, "--live-idle", help="Seconds a live_*.jsonl must be untouched before its run counts as interrupted.")
+    LIVE_IDLE_S, "--live-idle", help="Seconds a live_*.jsonl must be untouched before its run counts as interrupted."
+)
 
 
 def print_summary(summary: IngestSummary, root: Path, *, verb: str = "ingested") -> None:
@@ -24,10 +25,13 @@ def print_summary(summary: IngestSummary, root: Path, *, verb: str = "ingested")
     console.print(
         f"{verb}: {s.files_read} files read, {s.read} traces read: [bold]{s.new} new[/bold], {s.upgraded} upgraded, "
         f"{s.duplicate} duplicate, "
-        f"{s.skipped} skipped, {s.rejected_count} files rejected ({s.seconds:.1f} s)", highlight=False)
+        f"{s.skipped} skipped, {s.rejected_count} files rejected ({s.seconds:.1f} s)",
+        highlight=False,
+    )
     if s.new_by_source:
-        console.print("  new by source: " + ", ".join(f"{k} {v}" for k, v in sorted(s.new_by_source.items())),
-                      highlight=False)
+        console.print(
+            "  new by source: " + ", ".join(f"{k} {v}" for k, v in sorted(s.new_by_source.items())), highlight=False
+        )
     if s.masked:
         console.print(f"  secrets masked: {s.masked}", highlight=False)
     for note, n in s.notes.most_common():
@@ -37,7 +41,9 @@ def print_summary(summary: IngestSummary, root: Path, *, verb: str = "ingested")
     for r in s.rejected:
         err_console.print(f"[yellow]rejected[/yellow] {r.reason}", highlight=False)
     if s.rejected_count > len(s.rejected):
-        err_console.print(f"[yellow]rejected[/yellow] ... and {s.rejected_count - len(s.rejected)} more", highlight=False)
+        err_console.print(
+            f"[yellow]rejected[/yellow] ... and {s.rejected_count - len(s.rejected)} more", highlight=False
+        )
     console.print(f"store: {root}", highlight=False)
 
 
@@ -45,8 +51,10 @@ def _nothing_read(paths: list[Path], summary: IngestSummary) -> None:
     where = ", ".join(map(str, paths))
     if summary.rejected_count:
         raise IngestError(f"nothing could be read from {where}: every file was rejected (see above)")
-    raise IngestError(f"no FlowAgent checkpoints, obs files or traces found under {where}: point it at a toolboxv2 "
-                      f"data dir, an Agents/ dir, a checkpoint dir or the files")
+    raise IngestError(
+        f"no FlowAgent checkpoints, obs files or traces found under {where}: point it at a toolboxv2 "
+        f"data dir, an Agents/ dir, a checkpoint dir or the files"
+    )
 
 
 def ingest_cmd(
@@ -60,6 +68,7 @@ def ingest_cmd(
     st = open_store(store)
     count = [0]
     with err_console.status("reading...") as status:
+
         def on_file(src: Any) -> None:
             count[0] += 1
             status.update(f"reading {src.path.name} ({count[0]} files)")
@@ -75,7 +84,9 @@ def watch_cmd(
     store: Path | None = StoreOption,
     once: bool = typer.Option(False, "--once", help="One pass over new and changed files, then exit (for cron)."),
     debounce: float = typer.Option(0.5, "--debounce", help="Seconds a file must be unchanged before it is read."),
-    rescan: float = typer.Option(30.0, "--rescan", help="Seconds between full rescans (a safety net for missed events)."),
+    rescan: float = typer.Option(
+        30.0, "--rescan", help="Seconds between full rescans (a safety net for missed events)."
+    ),
     live_idle: float = LiveIdleOption,
     verbose_files: bool = typer.Option(True, "--log-files/--no-log-files", help="Print a line per file read."),
 ) -> None:
@@ -88,8 +99,9 @@ def watch_cmd(
     warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
     st = open_store(store)
     on_message = (lambda msg: console.print(msg, highlight=False, markup=False)) if verbose_files else None
-    watcher = Watcher(paths, st, debounce=debounce, rescan_interval=rescan, live_idle_s=live_idle,
-                      on_message=on_message)
+    watcher = Watcher(
+        paths, st, debounce=debounce, rescan_interval=rescan, live_idle_s=live_idle, on_message=on_message
+    )
     if once:
         summary = watcher.run_once()
         print_summary(summary, st.root, verb="watch --once")

@@ -21,21 +21,39 @@ def _fmt(value: float | None) -> str:
 def print_summary(summary: ScoreSummary, root: Path) -> None:
     table = Table("reward", "weight", "mean", "scored", "cannot judge", "errors")
     for name, stats in summary.rewards.items():
-        table.add_row(name, f"{summary.weights.get(name, 0):g}", _fmt(stats.mean), str(stats.values), str(stats.none),
-                      f"[red]{stats.errors}[/red]" if stats.errors else "0")
+        table.add_row(
+            name,
+            f"{summary.weights.get(name, 0):g}",
+            _fmt(stats.mean),
+            str(stats.values),
+            str(stats.none),
+            f"[red]{stats.errors}[/red]" if stats.errors else "0",
+        )
     if summary.scored:
-        table.add_row("[bold]combined[/bold]", "", _fmt(summary.combined.mean), str(summary.combined.values),
-                      str(summary.combined.none), str(summary.combined.errors))
+        table.add_row(
+            "[bold]combined[/bold]",
+            "",
+            _fmt(summary.combined.mean),
+            str(summary.combined.values),
+            str(summary.combined.none),
+            str(summary.combined.errors),
+        )
     if summary.computed:
         console.print(table)
     for name, stats in summary.rewards.items():
         if stats.errors:
-            err_console.print(f"[red]error[/red] {name} crashed on {stats.errors} of {summary.computed} traces, "
-                              f"first: {stats.first_error}", markup=True, highlight=False)
+            err_console.print(
+                f"[red]error[/red] {name} crashed on {stats.errors} of {summary.computed} traces, "
+                f"first: {stats.first_error}",
+                markup=True,
+                highlight=False,
+            )
     if summary.over_budget():  # score_store wrote nothing
-        console.print(f"computed {summary.computed} of {summary.todo} traces under {root}; nothing written: "
-                      f"{summary.error_results} of {summary.results} results are errors "
-                      f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%)")
+        console.print(
+            f"computed {summary.computed} of {summary.todo} traces under {root}; nothing written: "
+            f"{summary.error_results} of {summary.results} results are errors "
+            f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%)"
+        )
     else:
         console.print(
             f"scored {summary.scored} of {summary.seen} traces under {root}"
@@ -43,17 +61,23 @@ def print_summary(summary: ScoreSummary, root: Path) -> None:
             + (f", {summary.failed} failed" if summary.failed else "")
         )
     if summary.scored:
-        console.print(f"labels: {summary.good} good, {summary.bad} bad, {summary.unlabelled} unlabelled"
-                      + (f" ({summary.manual_kept} manual labels kept)" if summary.manual_kept else ""))
+        console.print(
+            f"labels: {summary.good} good, {summary.bad} bad, {summary.unlabelled} unlabelled"
+            + (f" ({summary.manual_kept} manual labels kept)" if summary.manual_kept else "")
+        )
     if summary.errored:
-        console.print(f"errors: {summary.error_results} of {summary.results} results "
-                      f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%); {summary.errored} traces "
-                      "written without a combined score or engine label (fix the reward, then rescore with --all)")
+        console.print(
+            f"errors: {summary.error_results} of {summary.results} results "
+            f"({summary.error_rate:.1%}, budget {summary.max_error_rate * 100:g}%); {summary.errored} traces "
+            "written without a combined score or engine label (fix the reward, then rescore with --all)"
+        )
     for name, report in summary.prepared.items():
         if report is not None and getattr(report, "trained", False):
             acc = report.heldout_accuracy
-            console.print(f"{name}: trained on {report.n_labels} manual labels"
-                          + (f", held-out accuracy {acc:.2f} on {report.heldout_n}" if acc is not None else ""))
+            console.print(
+                f"{name}: trained on {report.n_labels} manual labels"
+                + (f", held-out accuracy {acc:.2f} on {report.heldout_n}" if acc is not None else "")
+            )
         elif report is not None and getattr(report, "reason", None):
             console.print(f"{name}: not trained: {report.reason}")
     for message in summary.problems + summary.errors:
@@ -62,13 +86,19 @@ def print_summary(summary: ScoreSummary, root: Path) -> None:
 
 def score_cmd(
     store: Path | None = StoreOption,
-    config: Path | None = typer.Option(None, "--config", "-c", help="Reward config (TOML or YAML): rewards and weights."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Reward config (TOML or YAML): rewards and weights."
+    ),
     all_: bool = typer.Option(False, "--all", help="Rescore every trace, not only those without a score."),
     workers: int = typer.Option(4, "--workers", "-j", min=1, help="Batches scored in parallel."),
     max_error_rate: float | None = typer.Option(
-        None, "--max-error-rate", min=0.0, max=1.0,
+        None,
+        "--max-error-rate",
+        min=0.0,
+        max=1.0,
         help="Write nothing when more than this share of the (trace, reward) results are errors (a reward crashed). "
-             f"Default: max_error_rate in the reward config, else {DEFAULT_MAX_ERROR_RATE:g}."),
+        f"Default: max_error_rate in the reward config, else {DEFAULT_MAX_ERROR_RATE:g}.",
+    ),
 ) -> None:
     """Score traces with the reward engine and write rewards, score and label onto each trace.
 
@@ -81,16 +111,24 @@ def score_cmd(
     with RewardEngine.from_config(config) as engine:
         if max_error_rate is None:  # the flag wins, then the config's key, then the default
             max_error_rate = DEFAULT_MAX_ERROR_RATE if engine.max_error_rate is None else engine.max_error_rate
-        with Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=console, transient=True) as bar:
+        with Progress(
+            TextColumn("scoring"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("score", total=None)
 
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
             try:
-                summary = score_store(st, engine, rescore_all=all_, progress=progress, workers=workers,
-                                      max_error_rate=max_error_rate)
+                summary = score_store(
+                    st, engine, rescore_all=all_, progress=progress, workers=workers, max_error_rate=max_error_rate
+                )
             except ErrorBudgetExceeded as exc:
                 bar.stop()
                 print_summary(exc.summary, st.root)

@@ -67,45 +67,115 @@ def _trl_args(pairs: list[str] | None) -> dict[str, Any] | None:
 
 def train(
     method: str | None = typer.Option(None, "--method", "-m", help="grpo, grpo-offline, kto, sft or dpo."),
-    dataset: Path | None = typer.Option(None, "--dataset", "-d", help="Dataset folder from `flowrl build-dataset` (or a JSONL file)."),
-    base_model: str | None = typer.Option(None, "--base-model", help="Model to start from: smollm2-135m (default, embedded), a local folder or a Hugging Face id."),
-    output_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."),
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML, TOML or JSON file of TrainingConfig options; flags win over it."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (default: one epoch)."),
+    dataset: Path | None = typer.Option(
+        None, "--dataset", "-d", help="Dataset folder from `flowrl build-dataset` (or a JSONL file)."
+    ),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        help="Model to start from: smollm2-135m (default, embedded), a local folder or a Hugging Face id.",
+    ),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", "-o", help="Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML, TOML or JSON file of TrainingConfig options; flags win over it."
+    ),
+    max_steps: int | None = typer.Option(
+        None, "--max-steps", help="Stop after this many optimizer steps (default: one epoch)."
+    ),
     epochs: float | None = typer.Option(None, "--epochs", help="Epochs over the dataset when --max-steps is not set."),
     save_steps: int | None = typer.Option(None, "--save-steps", help="Save a checkpoint every N steps (default 50)."),
-    resume: bool | None = typer.Option(None, "--resume/--no-resume", help="Continue from the last checkpoint in --output-dir."),
+    resume: bool | None = typer.Option(
+        None, "--resume/--no-resume", help="Continue from the last checkpoint in --output-dir."
+    ),
     resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder."),
-    overwrite: bool | None = typer.Option(None, "--overwrite/--no-overwrite", help="Start over in an --output-dir that holds a run."),
-    merge: bool | None = typer.Option(None, "--merge/--no-merge", help="Also save base + adapter merged into OUTPUT/merged."),
+    overwrite: bool | None = typer.Option(
+        None, "--overwrite/--no-overwrite", help="Start over in an --output-dir that holds a run."
+    ),
+    merge: bool | None = typer.Option(
+        None, "--merge/--no-merge", help="Also save base + adapter merged into OUTPUT/merged."
+    ),
     learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default by method, for LoRA)."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Per-device batch size (default: hardware profile)."),
-    grad_accum: int | None = typer.Option(None, "--grad-accum", help="Gradient accumulation steps (default: hardware profile)."),
-    num_generations: int | None = typer.Option(None, "--num-generations", help="GRPO completions per prompt (default: hardware profile)."),
-    precision: str | None = typer.Option(None, "--precision", help="auto, fp32, bf16 or fp16 (auto: bf16/fp16 on GPU, fp32 on CPU)."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", help="Per-device batch size (default: hardware profile)."
+    ),
+    grad_accum: int | None = typer.Option(
+        None, "--grad-accum", help="Gradient accumulation steps (default: hardware profile)."
+    ),
+    num_generations: int | None = typer.Option(
+        None, "--num-generations", help="GRPO completions per prompt (default: hardware profile)."
+    ),
+    precision: str | None = typer.Option(
+        None, "--precision", help="auto, fp32, bf16 or fp16 (auto: bf16/fp16 on GPU, fp32 on CPU)."
+    ),
     max_length: int | None = typer.Option(None, "--max-length", help="Max tokens per example for SFT, DPO and KTO."),
-    max_completion_length: int | None = typer.Option(None, "--max-completion-length", help="Max tokens per GRPO completion."),
+    max_completion_length: int | None = typer.Option(
+        None, "--max-completion-length", help="Max tokens per GRPO completion."
+    ),
     beta: float | None = typer.Option(None, "--beta", help="KL coefficient (GRPO default 0.04; DPO/KTO default 0.1)."),
     lora: bool | None = typer.Option(None, "--lora/--no-lora", help="Train a LoRA adapter (default) or every weight."),
     lora_r: int | None = typer.Option(None, "--lora-r", help="LoRA rank (default 16)."),
     lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha (default 32)."),
-    load_in_4bit: bool | None = typer.Option(None, "--4bit/--no-4bit", help="QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there)."),
-    gradient_checkpointing: bool | None = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on for GPUs, off on CPU."),
-    temperature: float | None = typer.Option(None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."),
-    rewards: str | None = typer.Option(None, "--rewards", help="GRPO: comma-separated flowrl rewards to train on (default: the engine's)."),
-    reward_config: Path | None = typer.Option(None, "--reward-config", help="GRPO: the reward engine's TOML/YAML config."),
+    load_in_4bit: bool | None = typer.Option(
+        None,
+        "--4bit/--no-4bit",
+        help="QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there).",
+    ),
+    gradient_checkpointing: bool | None = typer.Option(
+        None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on for GPUs, off on CPU."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."
+    ),
+    rewards: str | None = typer.Option(
+        None, "--rewards", help="GRPO: comma-separated flowrl rewards to train on (default: the engine's)."
+    ),
+    reward_config: Path | None = typer.Option(
+        None, "--reward-config", help="GRPO: the reward engine's TOML/YAML config."
+    ),
     report_to: str | None = typer.Option(None, "--report-to", help="tensorboard, wandb, trackio (comma-separated)."),
     seed: int | None = typer.Option(None, "--seed", help="Random seed (default 42)."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show the progress bar."),
     trl: list[str] | None = typer.Option(None, "--trl", help="KEY=VALUE set on TRL's config class as is (repeatable)."),
-    agent: str | None = typer.Option(None, "--agent", help="GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter."),
-    store: Path | None = typer.Option(None, "--store", help="With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts)."),
-    turn_tokens: int | None = typer.Option(None, "--turn-tokens", help="With --agent: new tokens per model turn (default 96)."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512)."),
-    use_vllm: bool | None = typer.Option(None, "--use-vllm/--no-vllm", help="GRPO: generate with vLLM on the GPU (TRL's use_vllm; needs `pip install vllm`)."),
-    vllm_mode: str | None = typer.Option(None, "--vllm-mode", help="With --use-vllm: colocate (default; the only mode with --agent) or server (`trl vllm-serve`)."),
-    vllm_memory: float | None = typer.Option(None, "--vllm-gpu-memory-utilization", help="With --use-vllm colocate: share of GPU memory vLLM takes (TRL's default 0.3)."),
-    drop_zero_std: bool | None = typer.Option(None, "--drop-zero-std/--keep-zero-std", help="With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term."),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter.",
+    ),
+    store: Path | None = typer.Option(
+        None,
+        "--store",
+        help="With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts).",
+    ),
+    turn_tokens: int | None = typer.Option(
+        None, "--turn-tokens", help="With --agent: new tokens per model turn (default 96)."
+    ),
+    max_turns: int | None = typer.Option(
+        None,
+        "--max-turns",
+        help="With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512).",
+    ),
+    use_vllm: bool | None = typer.Option(
+        None,
+        "--use-vllm/--no-vllm",
+        help="GRPO: generate with vLLM on the GPU (TRL's use_vllm; needs `pip install vllm`).",
+    ),
+    vllm_mode: str | None = typer.Option(
+        None,
+        "--vllm-mode",
+        help="With --use-vllm: colocate (default; the only mode with --agent) or server (`trl vllm-serve`).",
+    ),
+    vllm_memory: float | None = typer.Option(
+        None,
+        "--vllm-gpu-memory-utilization",
+        help="With --use-vllm colocate: share of GPU memory vLLM takes (TRL's default 0.3).",
+    ),
+    drop_zero_std: bool | None = typer.Option(
+        None,
+        "--drop-zero-std/--keep-zero-std",
+        help="With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term.",
+    ),
 ) -> None:
     """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO), or with GRPO
     through an agent's own loop (--agent)."""
@@ -116,26 +186,58 @@ def train(
 
     lora_over = {k: v for k, v in (("enabled", lora), ("r", lora_r), ("alpha", lora_alpha)) if v is not None}
     flags: dict[str, Any] = dict(
-        method=method, dataset=dataset, base_model=base_model, output_dir=output_dir, max_steps=max_steps,
-        num_train_epochs=epochs, save_steps=save_steps, resume=resume_from if resume_from is not None else resume,
-        overwrite=overwrite, merge=merge, learning_rate=learning_rate, per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=grad_accum, num_generations=num_generations, precision=precision,
-        max_length=max_length, max_completion_length=max_completion_length, beta=beta,
-        lora=lora_over or None, load_in_4bit=load_in_4bit, gradient_checkpointing=gradient_checkpointing,
-        temperature=temperature, rewards=_csv(rewards), reward_config=reward_config, report_to=report_to, seed=seed, progress_bar=progress,
-        trl_args=_trl_args(trl), agent=agent, store=store, turn_tokens=turn_tokens, max_turns=max_turns,
-        drop_zero_std_groups=drop_zero_std, use_vllm=use_vllm, vllm_mode=vllm_mode,
+        method=method,
+        dataset=dataset,
+        base_model=base_model,
+        output_dir=output_dir,
+        max_steps=max_steps,
+        num_train_epochs=epochs,
+        save_steps=save_steps,
+        resume=resume_from if resume_from is not None else resume,
+        overwrite=overwrite,
+        merge=merge,
+        learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum,
+        num_generations=num_generations,
+        precision=precision,
+        max_length=max_length,
+        max_completion_length=max_completion_length,
+        beta=beta,
+        lora=lora_over or None,
+        load_in_4bit=load_in_4bit,
+        gradient_checkpointing=gradient_checkpointing,
+        temperature=temperature,
+        rewards=_csv(rewards),
+        reward_config=reward_config,
+        report_to=report_to,
+        seed=seed,
+        progress_bar=progress,
+        trl_args=_trl_args(trl),
+        agent=agent,
+        store=store,
+        turn_tokens=turn_tokens,
+        max_turns=max_turns,
+        drop_zero_std_groups=drop_zero_std,
+        use_vllm=use_vllm,
+        vllm_mode=vllm_mode,
         vllm_gpu_memory_utilization=vllm_memory,
     )
     base = load_config_file(config) if config is not None else {}
     if not (method or base.get("method")) or not (dataset or base.get("dataset") or agent or base.get("agent")):
-        raise ConfigError("give --method and --dataset (or --agent for GRPO through an agent; or a --config file that sets them)")
+        raise ConfigError(
+            "give --method and --dataset (or --agent for GRPO through an agent; or a --config file that sets them)"
+        )
     cfg = TrainingConfig.from_dict(base, **flags)
     hardware = detect_hardware()
-    source = cfg.dataset if cfg.agent is None else f"rollouts through agent {cfg.agent}" + (
-        f" on {cfg.dataset}" if cfg.dataset else "")
-    console.print(f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {source} ({hardware.describe()})",
-                  highlight=False)
+    source = (
+        cfg.dataset
+        if cfg.agent is None
+        else f"rollouts through agent {cfg.agent}" + (f" on {cfg.dataset}" if cfg.dataset else "")
+    )
+    console.print(
+        f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {source} ({hardware.describe()})", highlight=False
+    )
     with _progress_bars(cfg.progress_bar):
         adapter = None
         if cfg.agent is not None:  # the rollout's lines (turns, masked tool tokens, rewards) are the run's log
@@ -147,21 +249,32 @@ def train(
 
     status = "interrupted: saved at" if result.interrupted else "done:"
     sps = result.seconds_per_step
-    console.print(f"{status} step {result.global_step} in {result.train_seconds:.1f} s"
-                  + (f" ({sps:.2f} s/step)" if sps else "") + f", profile {result.settings['profile']}", highlight=False)
+    console.print(
+        f"{status} step {result.global_step} in {result.train_seconds:.1f} s"
+        + (f" ({sps:.2f} s/step)" if sps else "")
+        + f", profile {result.settings['profile']}",
+        highlight=False,
+    )
     metrics = {k: v for k, v in result.last_metrics.items() if k not in ("step", "epoch", "time", "elapsed_s")}
     if metrics:
-        console.print("last step: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                for k, v in metrics.items()), highlight=False)
+        console.print(
+            "last step: "
+            + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
+            highlight=False,
+        )
     out = result.output_dir
-    console.print(f"adapter and tokenizer: {out}; metrics: {out / 'metrics.jsonl'}; card: {out / 'README.md'}",
-                  highlight=False)
+    console.print(
+        f"adapter and tokenizer: {out}; metrics: {out / 'metrics.jsonl'}; card: {out / 'README.md'}", highlight=False
+    )
     if result.merged_dir:
         console.print(f"merged model: {result.merged_dir}", highlight=False)
     if cfg.agent is not None:
         rollouts = result.info.get("rollouts") or {}
-        console.print(f"rollouts: {rollouts.get('written', 0)} traces in {cfg.resolved_store} (source train), "
-                      f"{rollouts.get('tool_calls', 0)} tool calls executed", highlight=False)
+        console.print(
+            f"rollouts: {rollouts.get('written', 0)} traces in {cfg.resolved_store} (source train), "
+            f"{rollouts.get('tool_calls', 0)} tool calls executed",
+            highlight=False,
+        )
     if result.interrupted:  # a script tells a stopped run from a finished one by the exit code, as for Ctrl-C
         console.print("next: the same command with --resume continues it", highlight=False)
         raise typer.Exit(130)
@@ -176,20 +289,48 @@ def _fmt(v: float | None) -> str:
 
 
 def eval_cmd(
-    model: str = typer.Option(..., "--model", help="Trained output folder (adapter), merged model folder, Hub id or smollm2-135m."),
-    prompts: Path | None = typer.Option(None, "--prompts", help="Single-turn mode: a flowrl dataset folder (its validation split) or a JSONL of {prompt} rows."),
-    agent: str | None = typer.Option(None, "--agent", help="Agent-loop mode: `example` runs the example agent, tools and all, on held-out suite tasks."),
+    model: str = typer.Option(
+        ..., "--model", help="Trained output folder (adapter), merged model folder, Hub id or smollm2-135m."
+    ),
+    prompts: Path | None = typer.Option(
+        None,
+        "--prompts",
+        help="Single-turn mode: a flowrl dataset folder (its validation split) or a JSONL of {prompt} rows.",
+    ),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="Agent-loop mode: `example` runs the example agent, tools and all, on held-out suite tasks.",
+    ),
     eval_tasks: int = typer.Option(150, "--eval-tasks", help="Agent-loop mode: held-out tasks per arm."),
-    json_out: Path | None = typer.Option(None, "--json", help="Agent-loop mode: write eval.json (outcomes, rates with intervals, McNemar) here."),
-    concurrency: int | None = typer.Option(None, "--concurrency", help="Agent-loop mode: runs at a time (default: 1 on llama.cpp, 8 on transformers)."),
-    engine: str = typer.Option("auto", "--engine", help="Agent-loop mode: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed)."),
-    baseline: str | None = typer.Option(None, "--baseline", help="Model to compare with (default: the base the model was trained from; `none` for no baseline)."),
-    out: Path | None = typer.Option(None, "--out", help="Folder for eval_report.json and .png (default: the model folder, else ./eval)."),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Agent-loop mode: write eval.json (outcomes, rates with intervals, McNemar) here."
+    ),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", help="Agent-loop mode: runs at a time (default: 1 on llama.cpp, 8 on transformers)."
+    ),
+    engine: str = typer.Option(
+        "auto",
+        "--engine",
+        help="Agent-loop mode: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed).",
+    ),
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        help="Model to compare with (default: the base the model was trained from; `none` for no baseline).",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Folder for eval_report.json and .png (default: the model folder, else ./eval)."
+    ),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
     limit: int | None = typer.Option(None, "--limit", help="Evaluate at most this many prompts."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
-    temperature: float | None = typer.Option(None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."),
-    rewards: str | None = typer.Option(None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."
+    ),
+    rewards: str | None = typer.Option(
+        None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."
+    ),
     reward_config: Path | None = typer.Option(None, "--reward-config", help="The reward engine's TOML/YAML config."),
 ) -> None:
     """Compare a model with its base: the agent loop on held-out tasks (--agent example: success rates with
@@ -199,18 +340,28 @@ def eval_cmd(
         _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency, engine)
         return
     if prompts is None:
-        raise ConfigError("pass --agent example (the agent loop on held-out tasks) or --prompts DIR (single-turn answers)")
+        raise ConfigError(
+            "pass --agent example (the agent loop on held-out tasks) or --prompts DIR (single-turn answers)"
+        )
     from flowrl.evaluate.prompts import REPORT_JSON, REPORT_PNG, evaluate
 
     if out is None:
         out = Path(model) if Path(model).expanduser().is_dir() else Path("eval")
     report = evaluate(
-        model, prompts, baseline="" if (baseline or "").lower() == "none" else baseline, out_dir=out,
-        max_new_tokens=max_new_tokens, limit=limit, batch_size=batch_size, reward_config=reward_config,
+        model,
+        prompts,
+        baseline="" if (baseline or "").lower() == "none" else baseline,
+        out_dir=out,
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        batch_size=batch_size,
+        reward_config=reward_config,
         rewards=_csv(rewards),
     )
-    table = Table(title=f"{report.n_prompts} prompts from {report.prompts_source}"
-                        + (f" ({report.split} split)" if report.split else ""))
+    table = Table(
+        title=f"{report.n_prompts} prompts from {report.prompts_source}"
+        + (f" ({report.split} split)" if report.split else "")
+    )
     table.add_column("reward")
     if report.baseline:
         table.add_column(f"baseline: {report.baseline}", justify="right")
@@ -233,8 +384,15 @@ def eval_cmd(
         err_console.print("note: the dataset has no validation split; these are training prompts", highlight=False)
 
 
-def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, json_out: Path | None,
-                concurrency: int | None, engine: str) -> None:
+def _eval_agent(
+    agent: str,
+    model: str,
+    baseline: str | None,
+    eval_tasks: int,
+    json_out: Path | None,
+    concurrency: int | None,
+    engine: str,
+) -> None:
     import tempfile
 
     from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
@@ -244,8 +402,10 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
     from flowrl.models import resolve_model
 
     if agent != "example":
-        raise ConfigError(f"--agent {agent}: only `example` is built in; evaluate your own agent with "
-                          "flowrl.evaluate.agent.run_arms (docs/training.md)")
+        raise ConfigError(
+            f"--agent {agent}: only `example` is built in; evaluate your own agent with "
+            "flowrl.evaluate.agent.run_arms (docs/training.md)"
+        )
     resolved = resolve_model(model)
     base = resolve_model(baseline or resolved.path)
     if base.adapter:
@@ -260,8 +420,13 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
         traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
         for name, policy in arms.items():
             with ExampleAgents(policy.base_model, engine=engine) as agents:
-                got = run_arms({name: functools.partial(agents, policy)}, held_out, example_grade,
-                               concurrency=concurrency or agents.concurrency, store_root=traces)
+                got = run_arms(
+                    {name: functools.partial(agents, policy)},
+                    held_out,
+                    example_grade,
+                    concurrency=concurrency or agents.concurrency,
+                    store_root=traces,
+                )
             for task_id, arm in got.items():
                 outcomes.setdefault(task_id, {}).update(arm)
         data = summarize(outcomes, base="base")
@@ -275,8 +440,11 @@ def _eval_agent(agent: str, model: str, baseline: str | None, eval_tasks: int, j
     if json_out is not None:
         write_eval_json(json_out, data)
         write_rewards_json(json_out.with_name(json_out.stem + ".rewards.json"), secondary)
-        console.print(f"eval: {json_out} (reward means: {json_out.stem}.rewards.json, runs: {traces})",
-                      highlight=False, markup=False)
+        console.print(
+            f"eval: {json_out} (reward means: {json_out.stem}.rewards.json, runs: {traces})",
+            highlight=False,
+            markup=False,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -17,8 +17,22 @@ from flowrl.data.sft import SFTDatasetBuilder
 from flowrl.data.split import split_for
 
 __all__ = [
-    "METADATA_FILE", "BuildResult", "BuildStats", "Conversation", "DPODatasetBuilder", "DatasetBuilder",
-    "DatasetError", "DatasetFilter", "DatasetPipeline", "GRPODatasetBuilder", "Grouper", "KTODatasetBuilder",
-    "SFTDatasetBuilder", "effective_label", "kto_weights", "normalize_query", "split_for",
+    "METADATA_FILE",
+    "BuildResult",
+    "BuildStats",
+    "Conversation",
+    "DPODatasetBuilder",
+    "DatasetBuilder",
+    "DatasetError",
+    "DatasetFilter",
+    "DatasetPipeline",
+    "GRPODatasetBuilder",
+    "Grouper",
+    "KTODatasetBuilder",
+    "SFTDatasetBuilder",
+    "effective_label",
+    "kto_weights",
+    "normalize_query",
+    "split_for",
     "trace_conversation",
 ]

@@ -96,14 +96,22 @@ class BuildStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "traces_read": self.traces_read, "traces_used": self.traces_used, "unreadable_files": self.unreadable,
-            "skipped": dict(self.skipped), "rows": dict(self.rows),
-            "labels": {k: dict(v) for k, v in self.labels.items()}, "label_sources": dict(self.label_sources),
+            "traces_read": self.traces_read,
+            "traces_used": self.traces_used,
+            "unreadable_files": self.unreadable,
+            "skipped": dict(self.skipped),
+            "rows": dict(self.rows),
+            "labels": {k: dict(v) for k, v in self.labels.items()},
+            "label_sources": dict(self.label_sources),
             "trace_labels": dict(self.trace_labels),
-            "groups": dict(self.groups), "truncated": self.truncated, "dropped_too_long": self.dropped_too_long,
-            "synthesized_conversations": self.synthesized, "traces_without_tool_calls": self.without_tool_calls,
+            "groups": dict(self.groups),
+            "truncated": self.truncated,
+            "dropped_too_long": self.dropped_too_long,
+            "synthesized_conversations": self.synthesized,
+            "traces_without_tool_calls": self.without_tool_calls,
             "reward_histogram": {"bins": HIST_BINS, "counts": self.reward_hist, "no_reward": self.no_reward},
-            "token_budget": self.token_budget, "dropped_rows": list(self.dropped_rows),
+            "token_budget": self.token_budget,
+            "dropped_rows": list(self.dropped_rows),
         }
 
 
@@ -153,8 +161,15 @@ class DatasetBuilder:
     def info(self, trace: ExecutionTrace, ref: Any, group_id: str) -> TraceInfo | None:
         """The summary kept for a trace, or None to leave it out (after counting why)."""
         label, _ = effective_label(trace)
-        return TraceInfo(ref=ref, trace_id=trace.trace_id, group_id=group_id, reward=trace.reward_score,
-                         label=label, manual=is_manual_label(trace), timestamp=trace.timestamp)
+        return TraceInfo(
+            ref=ref,
+            trace_id=trace.trace_id,
+            group_id=group_id,
+            reward=trace.reward_score,
+            label=label,
+            manual=is_manual_label(trace),
+            timestamp=trace.timestamp,
+        )
 
     def prepare(self, infos: list[TraceInfo], stats: BuildStats) -> None:
         """Called once with every kept trace's summary, before `group_rows` (SFT's global top share)."""

@@ -7,7 +7,6 @@ from typing import Any
 BAR = 40
 
 
-
 def histogram_lines(counts: list[int], no_reward: int = 0) -> list[str]:
     """A text histogram of rewards in [0, 1], one line per bin."""
     peak = max(counts) if any(counts) else 1
@@ -33,11 +32,15 @@ def _token_budget(stats: dict[str, Any]) -> list[str]:
     if not budget:
         return ["Rows were not measured in tokens (build with `--base-model M` to drop rows over `--max-length`).", ""]
     rows = stats.get("dropped_rows") or []
-    lines = [f"Token budget: {budget['max_length']} tokens of `{budget['model']}` per sequence; "
-             f"rows over it dropped: {len(rows)}.", ""]
+    lines = [
+        f"Token budget: {budget['max_length']} tokens of `{budget['model']}` per sequence; "
+        f"rows over it dropped: {len(rows)}.",
+        "",
+    ]
     if rows:
-        lines += _table([(r["split"], ", ".join(r["trace_ids"]), r["tokens"]) for r in rows],
-                        ("split", "trace ids", "tokens")) + [""]
+        lines += _table(
+            [(r["split"], ", ".join(r["trace_ids"]), r["tokens"]) for r in rows], ("split", "trace ids", "tokens")
+        ) + [""]
     return lines
 
 
@@ -54,7 +57,7 @@ def render_card(meta: dict[str, Any]) -> str:
         f"Built by flowrl {meta['flowrl_version']} on {meta['created']} from `{meta['store']}`.",
         f"Format: {meta.get('format') or method}. Row format and options: flowrl's docs/datasets.md.",
         "",
-        "Load it with `datasets.load_from_disk(\"<this folder>\")`; the same rows are in `data/*.jsonl`.",
+        'Load it with `datasets.load_from_disk("<this folder>")`; the same rows are in `data/*.jsonl`.',
         "",
         "## Counts",
         "",
@@ -82,12 +85,17 @@ def render_card(meta: dict[str, Any]) -> str:
         "",
     ]
     if stats["labels"]:
-        lines += _table([(k, v.get("true", 0), v.get("false", 0)) for k, v in stats["labels"].items()],
-                        ("split", "desirable (true)", "undesirable (false)"))
+        lines += _table(
+            [(k, v.get("true", 0), v.get("false", 0)) for k, v in stats["labels"].items()],
+            ("split", "desirable (true)", "undesirable (false)"),
+        )
         lines.append("")
         if stats["label_sources"]:
-            lines.append("Label sources (traces): " + ", ".join(f"{k} {v}" for k, v in stats["label_sources"].items())
-                         + ". A manual label always wins.")
+            lines.append(
+                "Label sources (traces): "
+                + ", ".join(f"{k} {v}" for k, v in stats["label_sources"].items())
+                + ". A manual label always wins."
+            )
             lines.append("")
     tl = stats.get("trace_labels", {})
     lines.append(f"Traces read: {tl.get('true', 0)} good, {tl.get('false', 0)} bad, {tl.get('none', 0)} unlabelled.")
@@ -106,8 +114,14 @@ def render_card(meta: dict[str, Any]) -> str:
         if one_class:
             lines += ["**Warning:** the train split holds one label only; KTO learns little from it.", ""]
     hist = stats["reward_histogram"]
-    lines += ["## Reward histogram (traces read)", "", "```", *histogram_lines(hist["counts"], hist["no_reward"]),
-              "```", ""]
+    lines += [
+        "## Reward histogram (traces read)",
+        "",
+        "```",
+        *histogram_lines(hist["counts"], hist["no_reward"]),
+        "```",
+        "",
+    ]
     filters = {k: v for k, v in meta["filters"].items()}
     lines += [
         "## Filters, grouping and split",

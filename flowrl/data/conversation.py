@@ -43,8 +43,17 @@ from flowrl.transcript import (
 from flowrl.transcript import synthesize_messages as _synthesize
 
 __all__ = [
-    "ArgumentsAs", "Conversation", "find_prompt_end", "fit_trajectory", "message_chars", "normalize_message",
-    "normalize_query", "normalize_tool_call", "synthesize_messages", "synthesize_tools", "trace_conversation",
+    "ArgumentsAs",
+    "Conversation",
+    "find_prompt_end",
+    "fit_trajectory",
+    "message_chars",
+    "normalize_message",
+    "normalize_query",
+    "normalize_tool_call",
+    "synthesize_messages",
+    "synthesize_tools",
+    "trace_conversation",
 ]
 
 
@@ -81,8 +90,10 @@ class Conversation:
 
 def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> list[dict[str, Any]]:
     """The minimal conversation of a trace that has no `messages` (`flowrl.transcript.synthesize_messages`)."""
-    messages = (normalize_message(m, arguments_as) for m in _synthesize(trace.user_query, trace.tool_calls,
-                                                                           trace.final_response))
+    messages = (
+        normalize_message(m, arguments_as)
+        for m in _synthesize(trace.user_query, trace.tool_calls, trace.final_response)
+    )
     return [m for m in messages if m is not None]
 
 

@@ -59,7 +59,10 @@ def _step(conv: Any, index: int) -> int | None:
 
 def _captured_pair(best_trace: Any, best: Any, b: int, worst_trace: Any, worst: Any, w: int) -> dict[str, Any] | None:
     """The ids of the two calls that wrote the chosen and the rejected turn, when both runs captured them."""
-    good, bad = aligned_calls(best_trace, len(best.assistant_indices())), aligned_calls(worst_trace, len(worst.assistant_indices()))
+    good, bad = (
+        aligned_calls(best_trace, len(best.assistant_indices())),
+        aligned_calls(worst_trace, len(worst.assistant_indices())),
+    )
     kb, kw = _step(best, b), _step(worst, w)
     if not good or not bad or kb is None or kw is None:
         return None
@@ -81,12 +84,21 @@ class DPODatasetBuilder(DatasetBuilder):
     def features(self) -> Any:
         from datasets import Features, Json, List, Value
 
-        return Features({
-            "prompt": List(Json()), "chosen": List(Json()), "rejected": List(Json()), "tools": Json(),
-            "group_id": Value("string"), "chosen_trace_id": Value("string"), "rejected_trace_id": Value("string"),
-            "chosen_reward": Value("float64"), "rejected_reward": Value("float64"), "margin": Value("float64"),
-            "captured": Json(),
-        })
+        return Features(
+            {
+                "prompt": List(Json()),
+                "chosen": List(Json()),
+                "rejected": List(Json()),
+                "tools": Json(),
+                "group_id": Value("string"),
+                "chosen_trace_id": Value("string"),
+                "rejected_trace_id": Value("string"),
+                "chosen_reward": Value("float64"),
+                "rejected_reward": Value("float64"),
+                "margin": Value("float64"),
+                "captured": Json(),
+            }
+        )
 
     def group_rows(self, members: list[TraceInfo], load: Loader, stats: BuildStats) -> Iterator[dict[str, Any]]:
         ranked = sorted((m for m in members if m.reward is not None), key=reward_order)
@@ -112,8 +124,15 @@ class DPODatasetBuilder(DatasetBuilder):
             return
         stats.groups["used"] += 1
         yield {
-            "prompt": prompt, "chosen": [good], "rejected": [bad], "tools": best.tools, "group_id": chosen.group_id,
+            "prompt": prompt,
+            "chosen": [good],
+            "rejected": [bad],
+            "tools": best.tools,
+            "group_id": chosen.group_id,
             "captured": _captured_pair(best_trace, best, b, worst_trace, worst, w),
-            "chosen_trace_id": chosen.trace_id, "rejected_trace_id": rejected.trace_id,
-            "chosen_reward": chosen.reward, "rejected_reward": rejected.reward, "margin": margin,
+            "chosen_trace_id": chosen.trace_id,
+            "rejected_trace_id": rejected.trace_id,
+            "chosen_reward": chosen.reward,
+            "rejected_reward": rejected.reward,
+            "margin": margin,
         }

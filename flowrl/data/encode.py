@@ -61,15 +61,22 @@ class EncodeStats:
         self.dropped_rows.append({"row": index, "trace_ids": row_trace_ids(row), "tokens": tokens, "reason": reason})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows_in": self.rows_in, "rows_out": self.rows_out, "sequence_sources": dict(self.sources),
-                "dropped": dict(self.dropped), "dropped_rows": list(self.dropped_rows),
-                "rendering": self.render.to_dict()}
+        return {
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "sequence_sources": dict(self.sources),
+            "dropped": dict(self.dropped),
+            "dropped_rows": list(self.dropped_rows),
+            "rendering": self.render.to_dict(),
+        }
 
 
 def _captured_ok(renderer: ChatRenderer, tokenizer_fp: str | None, stats: EncodeStats) -> bool:
     if same_tokenizer(tokenizer_fp, renderer.fingerprint):
         return True
-    stats.render.note("captured ids of another tokenizer", f"{OTHER_TOKENIZER} ({tokenizer_fp} vs {renderer.fingerprint})")
+    stats.render.note(
+        "captured ids of another tokenizer", f"{OTHER_TOKENIZER} ({tokenizer_fp} vs {renderer.fingerprint})"
+    )
     return False
 
 
@@ -94,8 +101,13 @@ def sft_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStat
     return [renderer.render(row["messages"], _prompt_end(row), row.get("tools"))]
 
 
-def _pair(prompt_ids: list[int], completion_ids: list[int], mask: list[int] | None = None,
-          source: str = CAPTURED, logprobs: Sequence[float | None] | None = None) -> TokenSequence:
+def _pair(
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    mask: list[int] | None = None,
+    source: str = CAPTURED,
+    logprobs: Sequence[float | None] | None = None,
+) -> TokenSequence:
     mask = mask if mask is not None else [1] * len(completion_ids)
     lp: list[float | None] | None = None
     if logprobs is not None:
@@ -113,7 +125,9 @@ def kto_parts(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -
     return p, c, "template"
 
 
-def dpo_parts(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> tuple[list[int], list[int], list[int], str]:
+def dpo_parts(
+    row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats
+) -> tuple[list[int], list[int], list[int], str]:
     captured = row.get("captured")
     if captured and captured.get("chosen") and captured.get("rejected"):
         chosen, rejected = CallTokens.from_dict(captured["chosen"]), CallTokens.from_dict(captured["rejected"])
@@ -126,8 +140,14 @@ def dpo_parts(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -
     return p, c, r, "template"
 
 
-def trajectory_parts(prompt: list[dict[str, Any]], completion: list[dict[str, Any]], tokens: Any, tools: Any,
-                     renderer: ChatRenderer, stats: EncodeStats) -> tuple[list[int], list[int], list[int], list[float] | None, str]:
+def trajectory_parts(
+    prompt: list[dict[str, Any]],
+    completion: list[dict[str, Any]],
+    tokens: Any,
+    tools: Any,
+    renderer: ChatRenderer,
+    stats: EncodeStats,
+) -> tuple[list[int], list[int], list[int], list[float] | None, str]:
     """(prompt ids, completion ids, completion mask, sampled logprobs or None, source) of one logged trajectory
     (offline GRPO). Captured calls are used when they merge into one sequence."""
     if tokens and _captured_ok(renderer, tokens[0].get("tokenizer"), stats):
@@ -137,8 +157,13 @@ def trajectory_parts(prompt: list[dict[str, Any]], completion: list[dict[str, An
             seq, n = merged[0], len(calls[0].prompt_ids)
             logps = seq.logprobs[n:] if seq.logprobs is not None else None
             have = logps is not None and all(v is not None for v, m in zip(logps, seq.loss_mask[n:]) if m)
-            return (seq.input_ids[:n], seq.input_ids[n:], seq.loss_mask[n:],
-                    [0.0 if v is None else float(v) for v in logps] if have else None, CAPTURED)  # type: ignore[union-attr]
+            return (
+                seq.input_ids[:n],
+                seq.input_ids[n:],
+                seq.loss_mask[n:],
+                [0.0 if v is None else float(v) for v in logps] if have and logps is not None else None,
+                CAPTURED,
+            )
         stats.render.note("captured calls do not merge", NOT_MERGED)
     if not isinstance(prompt, list):  # plain-text rows: the text, then the end-of-turn token
         tok = renderer.tokenizer
@@ -164,7 +189,9 @@ def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stat
         tokens = row.get("logged_tokens") or [None] * len(row["logged_completions"])
         out = []
         for completion, toks in zip(row["logged_completions"], tokens):
-            p, c, m, logps, source = trajectory_parts(row["prompt"], completion, toks, row.get("tools"), renderer, stats)
+            p, c, m, logps, source = trajectory_parts(
+                row["prompt"], completion, toks, row.get("tools"), renderer, stats
+            )
             out.append(_pair(p, c, m, source, logps))
         return out
     if method == "grpo":
@@ -177,8 +204,14 @@ def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stat
 # whole datasets -> TRL's tokenized columns
 
 
-def encode_for_trl(method: str, rows: list[dict[str, Any]], renderer: ChatRenderer, *, max_length: int | None,
-                   stats: EncodeStats | None = None) -> tuple[list[dict[str, Any]], EncodeStats]:
+def encode_for_trl(
+    method: str,
+    rows: list[dict[str, Any]],
+    renderer: ChatRenderer,
+    *,
+    max_length: int | None,
+    stats: EncodeStats | None = None,
+) -> tuple[list[dict[str, Any]], EncodeStats]:
     """TRL-ready tokenized rows for SFT, KTO or DPO. Over-long sequences are dropped and counted."""
     stats = stats or EncodeStats(render=renderer.stats)
     out: list[dict[str, Any]] = []

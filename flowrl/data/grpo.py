@@ -54,8 +54,7 @@ def task_columns(trace: ExecutionTrace, conv: Conversation, label: bool | None) 
     final = trace.final_response or conv.messages[-1]["content"]
     if answer is None and label and final:
         answer, source = final, GUESSED_REFERENCE
-    return {"reference_answer": answer, "reference_source": source,
-            "test_code": _first(trace.metadata, TEST_CODE_KEYS)}
+    return {"reference_answer": answer, "reference_source": source, "test_code": _first(trace.metadata, TEST_CODE_KEYS)}
 
 
 def spread(items: list[Any], k: int) -> list[Any]:
@@ -90,16 +89,37 @@ class GRPODatasetBuilder(DatasetBuilder):
     def features(self) -> Any:
         from datasets import Features, Json, List, Value
 
-        common = {"prompt": List(Json()), "tools": Json(), "group_id": Value("string"),
-                  "reference_answer": Value("string"), "reference_source": Value("string"),
-                  "test_code": Value("string"), "agent_name": Value("string")}
+        common = {
+            "prompt": List(Json()),
+            "tools": Json(),
+            "group_id": Value("string"),
+            "reference_answer": Value("string"),
+            "reference_source": Value("string"),
+            "test_code": Value("string"),
+            "agent_name": Value("string"),
+        }
         if self.offline:
-            return Features({**common, "logged_completions": List(List(Json())), "logged_rewards": List(Value("float64")),
-                             "logged_tokens": List(Json()),
-                             "trace_ids": List(Value("string")), "group_size": Value("int32"),
-                             "reward_mean": Value("float64"), "reward_std": Value("float64")})
-        return Features({**common, "trace_id": Value("string"), "n_traces": Value("int32"),
-                         "best_reward": Value("float64"), "mean_reward": Value("float64")})
+            return Features(
+                {
+                    **common,
+                    "logged_completions": List(List(Json())),
+                    "logged_rewards": List(Value("float64")),
+                    "logged_tokens": List(Json()),
+                    "trace_ids": List(Value("string")),
+                    "group_size": Value("int32"),
+                    "reward_mean": Value("float64"),
+                    "reward_std": Value("float64"),
+                }
+            )
+        return Features(
+            {
+                **common,
+                "trace_id": Value("string"),
+                "n_traces": Value("int32"),
+                "best_reward": Value("float64"),
+                "mean_reward": Value("float64"),
+            }
+        )
 
     def group_rows(self, members: list[TraceInfo], load: Loader, stats: BuildStats) -> Iterator[dict[str, Any]]:
         if self.offline:
@@ -113,10 +133,15 @@ class GRPODatasetBuilder(DatasetBuilder):
         rewards = [m.reward for m in members if m.reward is not None]
         stats.groups["used"] += 1
         yield {
-            "prompt": conv.prompt, "tools": conv.tools, "group_id": ranked[0].group_id,
-            **task_columns(trace, conv, ranked[0].label), "agent_name": trace.agent_name,
-            "trace_id": trace.trace_id, "n_traces": len(members),
-            "best_reward": ranked[0].reward, "mean_reward": statistics.fmean(rewards) if rewards else None,
+            "prompt": conv.prompt,
+            "tools": conv.tools,
+            "group_id": ranked[0].group_id,
+            **task_columns(trace, conv, ranked[0].label),
+            "agent_name": trace.agent_name,
+            "trace_id": trace.trace_id,
+            "n_traces": len(members),
+            "best_reward": ranked[0].reward,
+            "mean_reward": statistics.fmean(rewards) if rewards else None,
         }
 
     def _offline(self, members: list[TraceInfo], load: Loader, stats: BuildStats) -> Iterator[dict[str, Any]]:
@@ -149,11 +174,18 @@ class GRPODatasetBuilder(DatasetBuilder):
         rewards = [float(info.reward) for info, _, _ in kept]  # type: ignore[arg-type]
         stats.groups["used"] += 1
         yield {
-            "prompt": best_conv.prompt, "tools": best_conv.tools, "group_id": scored[0].group_id,
-            **task_columns(best_trace, best_conv, scored[0].label), "agent_name": best_trace.agent_name,
-            "logged_completions": [c for _, c, _ in kept], "logged_rewards": rewards,
-            "logged_tokens": [t for _, _, t in kept], "trace_ids": [i.trace_id for i, _, _ in kept],
-            "group_size": len(kept), "reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards),
+            "prompt": best_conv.prompt,
+            "tools": best_conv.tools,
+            "group_id": scored[0].group_id,
+            **task_columns(best_trace, best_conv, scored[0].label),
+            "agent_name": best_trace.agent_name,
+            "logged_completions": [c for _, c, _ in kept],
+            "logged_rewards": rewards,
+            "logged_tokens": [t for _, _, t in kept],
+            "trace_ids": [i.trace_id for i, _, _ in kept],
+            "group_size": len(kept),
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
         }
 
     def _usable(self, scored: list[TraceInfo], stats: BuildStats) -> bool:

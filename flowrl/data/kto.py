@@ -61,11 +61,20 @@ class KTODatasetBuilder(DatasetBuilder):
     def features(self) -> Any:
         from datasets import Features, Json, List, Value
 
-        return Features({
-            "prompt": List(Json()), "completion": List(Json()), "label": Value("bool"), "tools": Json(),
-            "trace_id": Value("string"), "group_id": Value("string"), "step": Value("int32"),
-            "reward": Value("float64"), "label_source": Value("string"), "captured": Json(),
-        })
+        return Features(
+            {
+                "prompt": List(Json()),
+                "completion": List(Json()),
+                "label": Value("bool"),
+                "tools": Json(),
+                "trace_id": Value("string"),
+                "group_id": Value("string"),
+                "step": Value("int32"),
+                "reward": Value("float64"),
+                "label_source": Value("string"),
+                "captured": Json(),
+            }
+        )
 
     def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
         label, source = effective_label(trace, self.threshold)
@@ -86,8 +95,14 @@ class KTODatasetBuilder(DatasetBuilder):
                 ctx.stats.dropped_too_long += 1
                 continue
             yield {
-                "prompt": conv.messages[:index], "completion": [completion], "label": label, "tools": conv.tools,
-                "trace_id": trace.trace_id, "group_id": ctx.group_id, "step": n,
-                "reward": trace.reward_score, "label_source": source,
+                "prompt": conv.messages[:index],
+                "completion": [completion],
+                "label": label,
+                "tools": conv.tools,
+                "trace_id": trace.trace_id,
+                "group_id": ctx.group_id,
+                "step": n,
+                "reward": trace.reward_score,
+                "label_source": source,
                 "captured": {"call": calls[n].to_dict()} if calls else None,
             }

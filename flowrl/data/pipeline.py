@@ -65,19 +65,28 @@ class BuildResult:
 
     def summary_lines(self) -> list[str]:
         s = self.stats
-        lines = [f"{self.method} dataset: " + ", ".join(f"{n} {k} rows" for k, n in self.counts.items())
-                 + f" from {s.traces_used} of {s.traces_read} traces -> {self.out}"]
+        lines = [
+            f"{self.method} dataset: "
+            + ", ".join(f"{n} {k} rows" for k, n in self.counts.items())
+            + f" from {s.traces_used} of {s.traces_read} traces -> {self.out}"
+        ]
         if s.labels:
-            lines.append("labels: " + "; ".join(f"{k} {v.get('true', 0)} good / {v.get('false', 0)} bad"
-                                                for k, v in s.labels.items()))
+            lines.append(
+                "labels: "
+                + "; ".join(f"{k} {v.get('true', 0)} good / {v.get('false', 0)} bad" for k, v in s.labels.items())
+            )
         if self.metadata.get("desirable_weight") is not None:
-            lines.append(f"KTO weights: desirable_weight={self.metadata['desirable_weight']} "
-                         f"undesirable_weight={self.metadata['undesirable_weight']}")
+            lines.append(
+                f"KTO weights: desirable_weight={self.metadata['desirable_weight']} "
+                f"undesirable_weight={self.metadata['undesirable_weight']}"
+            )
         if s.truncated or s.dropped_too_long:
             lines.append(f"length budget: {s.truncated} rows truncated, {s.dropped_too_long} rows dropped as too long")
         if s.token_budget:
-            lines.append(f"token budget: {s.token_budget['max_length']} tokens of {s.token_budget['model']}; "
-                         f"{len(s.dropped_rows)} rows over it dropped (each listed in the card)")
+            lines.append(
+                f"token budget: {s.token_budget['max_length']} tokens of {s.token_budget['model']}; "
+                f"{len(s.dropped_rows)} rows over it dropped (each listed in the card)"
+            )
         dropped = {k: v for k, v in s.groups.items() if k != "used"}
         if s.groups:
             lines.append(f"groups: {s.groups.get('used', 0)} used" + "".join(f", {v} {k}" for k, v in dropped.items()))
@@ -138,9 +147,19 @@ class DatasetPipeline:
 
     OPTIONS = ("filters", "group_by", "similarity", "embedding_model", "embedder", "val_fraction", "seed", "budget")
 
-    def __init__(self, builder: DatasetBuilder, *, filters: DatasetFilter | None = None, group_by: GroupBy = "query",
-                 similarity: float = 0.9, embedding_model: str | None = None, embedder: Embedder | None = None,
-                 val_fraction: float = 0.1, seed: int = 0, budget: Any = None) -> None:
+    def __init__(
+        self,
+        builder: DatasetBuilder,
+        *,
+        filters: DatasetFilter | None = None,
+        group_by: GroupBy = "query",
+        similarity: float = 0.9,
+        embedding_model: str | None = None,
+        embedder: Embedder | None = None,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        budget: Any = None,
+    ) -> None:
         """`budget` (a `flowrl.data.encode.TokenBudget`) measures rows in the target model's tokens: rows over
         its `max_length` are dropped, each one listed in the card and `flowrl_dataset.json`."""
         self.builder = builder
@@ -155,8 +174,15 @@ class DatasetPipeline:
             self.stats.token_budget = {"model": budget.renderer.model, "max_length": budget.max_length}
 
     # -- entry points ---------------------------------------------------------------------------
-    def build(self, source: TraceStore | Iterable[ExecutionTrace], out: str | Path, *, parquet: bool = False,
-              overwrite: bool = False, on_progress: Progress | None = None) -> BuildResult:
+    def build(
+        self,
+        source: TraceStore | Iterable[ExecutionTrace],
+        out: str | Path,
+        *,
+        parquet: bool = False,
+        overwrite: bool = False,
+        on_progress: Progress | None = None,
+    ) -> BuildResult:
         """Build the dataset into `out` (see the module docstring for the layout)."""
         import time
 
@@ -180,8 +206,7 @@ class DatasetPipeline:
         metadata = self._metadata(counts, src, parquet)
         (out / METADATA_FILE).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
         (out / "README.md").write_text(render_card(metadata), encoding="utf-8")
-        return BuildResult(out, self.method, counts, self.stats, metadata,
-                           time.perf_counter() - started, problems)
+        return BuildResult(out, self.method, counts, self.stats, metadata, time.perf_counter() - started, problems)
 
     def to_dataset_dict(self, source: TraceStore | Iterable[ExecutionTrace]) -> Any:
         """The dataset as an in-memory `datasets.DatasetDict` (no files written)."""
@@ -237,8 +262,9 @@ class DatasetPipeline:
             self.stats.skip("no assistant turn")
             return None
         if self.filters.dedupe:
-            key = hashlib.blake2b(orjson.dumps([conv.messages, conv.tools], option=orjson.OPT_SORT_KEYS, default=str),
-                                  digest_size=16).digest()
+            key = hashlib.blake2b(
+                orjson.dumps([conv.messages, conv.tools], option=orjson.OPT_SORT_KEYS, default=str), digest_size=16
+            ).digest()
             if key in seen:
                 self.stats.skip("duplicate")
                 return None
@@ -276,8 +302,14 @@ class DatasetPipeline:
             fits, tokens = self.budget.fits(row)
             if not fits:
                 self.stats.dropped_too_long += 1
-                self.stats.dropped_rows.append({"split": split, "trace_ids": row_trace_ids(row), "tokens": tokens,
-                                                "reason": f"longer than {self.budget.max_length} tokens"})
+                self.stats.dropped_rows.append(
+                    {
+                        "split": split,
+                        "trace_ids": row_trace_ids(row),
+                        "tokens": tokens,
+                        "reason": f"longer than {self.budget.max_length} tokens",
+                    }
+                )
                 return
         sink.add(split, row)
         self.stats.rows[split] += 1
@@ -291,17 +323,30 @@ class DatasetPipeline:
         shown = ", ".join(f"{k}={v}" for k, v in filters.items()) or "none"
         if self.stats.traces_read == 0:
             hint = " (unreadable files were skipped: see the warnings)" if self.stats.unreadable else ""
-            raise DatasetError(f"no traces under {where} match the filters ({shown}){hint}: "
-                               "check --store and the filters, or capture/ingest traces first (`flowrl ingest PATH`)")
+            raise DatasetError(
+                f"no traces under {where} match the filters ({shown}){hint}: "
+                "check --store and the filters, or capture/ingest traces first (`flowrl ingest PATH`)"
+            )
         if not counts:
-            reasons = "; ".join(f"{n} {k}" for k, n in {**self.stats.skipped, **{
-                k: v for k, v in self.stats.groups.items() if k not in ("used", "total")}}.items())
-            too_long = f"; {self.stats.dropped_too_long} rows over the length budget" if self.stats.dropped_too_long else ""
-            raise DatasetError(f"no {self.method} rows from {self.stats.traces_read} traces under {where} "
-                               f"(filters: {shown}): {reasons or 'nothing usable'}{too_long}")
+            reasons = "; ".join(
+                f"{n} {k}"
+                for k, n in {
+                    **self.stats.skipped,
+                    **{k: v for k, v in self.stats.groups.items() if k not in ("used", "total")},
+                }.items()
+            )
+            too_long = (
+                f"; {self.stats.dropped_too_long} rows over the length budget" if self.stats.dropped_too_long else ""
+            )
+            raise DatasetError(
+                f"no {self.method} rows from {self.stats.traces_read} traces under {where} "
+                f"(filters: {shown}): {reasons or 'nothing usable'}{too_long}"
+            )
         if TRAIN not in counts and VALIDATION in counts:
-            raise DatasetError(f"every task fell into the validation split ({counts[VALIDATION]} rows): "
-                               "lower --val-fraction (or use 0) or add traces of more tasks")
+            raise DatasetError(
+                f"every task fell into the validation split ({counts[VALIDATION]} rows): "
+                "lower --val-fraction (or use 0) or add traces of more tasks"
+            )
         return {k: counts[k] for k in SPLITS if k in counts}
 
     def _metadata(self, counts: dict[str, int], src: _Source | None, parquet: bool) -> dict[str, Any]:
@@ -314,18 +359,27 @@ class DatasetPipeline:
             "counts": counts,
             "desirable_weight": None,
             "undesirable_weight": None,
-            "splits": {"names": list(counts), "val_fraction": self.val_fraction, "seed": self.seed,
-                       "rule": "by group: blake2b(seed:group_id) / 2**64 < val_fraction -> validation"},
+            "splits": {
+                "names": list(counts),
+                "val_fraction": self.val_fraction,
+                "seed": self.seed,
+                "rule": "by group: blake2b(seed:group_id) / 2**64 < val_fraction -> validation",
+            },
             "filters": self.filters.describe(),
             "grouping": self.grouper.describe(),
             "options": self.builder.options(),
-            "files": {"dataset_dict": "dataset_dict.json", "jsonl": [f"data/{k}.jsonl" for k in counts],
-                      "parquet": [f"data/{k}.parquet" for k in counts] if parquet else []},
+            "files": {
+                "dataset_dict": "dataset_dict.json",
+                "jsonl": [f"data/{k}.jsonl" for k in counts],
+                "parquet": [f"data/{k}.parquet" for k in counts] if parquet else [],
+            },
             "stats": self.stats.to_dict(),
         }
         if self.method == "kto":
             train = self.stats.labels.get(TRAIN, Counter())
-            meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(train.get("true", 0), train.get("false", 0))
+            meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(
+                train.get("true", 0), train.get("false", 0)
+            )
         return meta
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.conversation import fit_trajectory, message_chars
@@ -50,15 +50,24 @@ class SFTDatasetBuilder(DatasetBuilder):
     def features(self) -> Any:
         from datasets import Features, Json, List, Value
 
-        return Features({"messages": List(Json()), "tools": Json(), "trace_id": Value("string"),
-                         "group_id": Value("string"), "reward": Value("float64"), "prompt_end": Value("int32"),
-                         "captured": Json()})
+        return Features(
+            {
+                "messages": List(Json()),
+                "tools": Json(),
+                "trace_id": Value("string"),
+                "group_id": Value("string"),
+                "reward": Value("float64"),
+                "prompt_end": Value("int32"),
+                "captured": Json(),
+            }
+        )
 
     def prepare(self, infos: list[TraceInfo], stats: BuildStats) -> None:
         if self.select != "top":
             return
-        rewards = sorted((i.reward for i in infos if i.reward is not None and not (i.manual and i.label is False)),
-                         reverse=True)
+        rewards = sorted(
+            (i.reward for i in infos if i.reward is not None and not (i.manual and i.label is False)), reverse=True
+        )
         self._cutoff = rewards[max(1, math.ceil(self.top_share * len(rewards))) - 1] if rewards else None
 
     def _keep(self, info: TraceInfo) -> bool:
@@ -83,7 +92,8 @@ class SFTDatasetBuilder(DatasetBuilder):
             prompt_chars = message_chars(conv.prompt)
             trajectory = conv.trajectory
             if not self.fits(prompt_chars + message_chars(trajectory)):
-                trajectory = fit_trajectory(trajectory, self.max_chars - prompt_chars) if self.fits(prompt_chars) else []  # type: ignore[operator]
+                limit = cast(int, self.max_chars)  # set: without a limit everything fits
+                trajectory = fit_trajectory(trajectory, limit - prompt_chars) if self.fits(prompt_chars) else []
                 if not trajectory:
                     stats.dropped_too_long += 1
                     continue
@@ -91,6 +101,12 @@ class SFTDatasetBuilder(DatasetBuilder):
             calls = aligned_calls(trace, len(conv.assistant_indices()))
             kept_steps = sum(1 for m in trajectory if m["role"] == "assistant")
             captured = {"calls": [c.to_dict() for c in calls[:kept_steps]]} if calls else None
-            yield {"messages": conv.prompt + trajectory, "tools": conv.tools, "trace_id": trace.trace_id,
-                   "group_id": info.group_id, "reward": trace.reward_score, "prompt_end": len(conv.prompt),
-                   "captured": captured}
+            yield {
+                "messages": conv.prompt + trajectory,
+                "tools": conv.tools,
+                "trace_id": trace.trace_id,
+                "group_id": info.group_id,
+                "reward": trace.reward_score,
+                "prompt_end": len(conv.prompt),
+                "captured": captured,
+            }

@@ -80,8 +80,16 @@ class DiskSink:
     def counts(self) -> dict[str, int]:
         return {k: len(v) for k, v in self._offsets.items()}
 
-    def finish(self, out: Path, features: Any, shuffle: set[str], seed: int, *, parquet: bool = False,
-               on_progress: Callable[[str, int, int | None], None] | None = None) -> dict[str, Path]:
+    def finish(
+        self,
+        out: Path,
+        features: Any,
+        shuffle: set[str],
+        seed: int,
+        *,
+        parquet: bool = False,
+        on_progress: Callable[[str, int, int | None], None] | None = None,
+    ) -> dict[str, Path]:
         """Write `out/data/{split}.jsonl`, the Arrow datasets (returned by split) and Parquet on request."""
         from datasets.arrow_writer import ArrowWriter
 
@@ -96,8 +104,11 @@ class DiskSink:
             spool = self.tmp / f"{split}.spool"
             ends = array("q", offsets[1:]) + array("q", [self._pos[split]])
             arrows[split] = self.tmp / f"{split}.arrow"
-            with open(spool, "rb") as src, open(data / f"{split}.jsonl", "wb") as jsonl, \
-                    ArrowWriter(features=features, path=str(arrows[split]), writer_batch_size=WRITE_BATCH) as writer:
+            with (
+                open(spool, "rb") as src,
+                open(data / f"{split}.jsonl", "wb") as jsonl,
+                ArrowWriter(features=features, path=str(arrows[split]), writer_batch_size=WRITE_BATCH) as writer,
+            ):
                 batch: list[bytes] = []
                 fd = src.fileno()
                 for i in ordered(len(offsets), split in shuffle, seed):
@@ -148,5 +159,7 @@ def _arrow(values: list[Any], feature: Any) -> Any:
             flat.extend(v or ())
             offsets.append(len(flat))
         child = _arrow(flat, feature.feature)
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), child, mask=pa.array(mask) if any(mask) else None)
+        return pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), child, mask=pa.array(mask) if any(mask) else None
+        )
     return pa.array(values, type=feature.pa_type)

@@ -18,18 +18,21 @@ import orjson
 from flowrl.schema import ExecutionTrace
 
 SYSTEM = "You are a careful coding agent. Use exec_code to compute, then answer."
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "exec_code",
-        "description": "Run Python code and return its output.",
-        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-    },
-}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "exec_code",
+            "description": "Run Python code and return its output.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+]
 
 
-def synthetic_trace(index: int, *, n_tasks: int = 100, max_steps: int = 3, seed: int = 0,
-                    start: datetime | None = None) -> ExecutionTrace:
+def synthetic_trace(
+    index: int, *, n_tasks: int = 100, max_steps: int = 3, seed: int = 0, start: datetime | None = None
+) -> ExecutionTrace:
     rng = random.Random(f"{seed}:{index}")
     task = index % n_tasks
     a, b = task + 2, (task * 7) % 13 + 1
@@ -44,19 +47,50 @@ def synthetic_trace(index: int, *, n_tasks: int = 100, max_steps: int = 3, seed:
         code = f"print({a} * {b} + {task})" if good or s < steps - 1 else f"print({a} + {b} + {task})"
         output = str(eval(code[6:-1]))  # noqa: S307 - the code is built above from integers
         call_id = f"call_{index}_{s}"
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "exec_code", "arguments": orjson.dumps({"code": code}).decode()}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "exec_code", "arguments": orjson.dumps({"code": code}).decode()},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "name": "exec_code", "content": output})
-        tool_calls.append({"tool_name": "exec_code", "arguments": {"code": code}, "result": output, "success": True,
-                           "call_id": call_id, "timestamp": when.isoformat()})
+        tool_calls.append(
+            {
+                "tool_name": "exec_code",
+                "arguments": {"code": code},
+                "result": output,
+                "success": True,
+                "call_id": call_id,
+                "timestamp": when.isoformat(),
+            }
+        )
     final = f"The answer is {answer}." if good else f"The answer is {a + b + task}."
     messages.append({"role": "assistant", "content": final})
     reward = round(rng.uniform(0.6, 1.0) if good else rng.uniform(0.1, 0.4), 3)
     return ExecutionTrace(
-        trace_id=f"syn{seed}x{index:07d}", session_id=f"s{task}", timestamp=when.isoformat(), user_query=query,
-        tool_calls=tool_calls, final_response=final, agent_name="synthetic", source="live", success=good,
-        messages=messages, tools=TOOLS, reward_score=reward, rewards={"task_completion": reward},
-        label=good, label_source="engine", metadata={"reference_answer": str(answer)},
+        trace_id=f"syn{seed}x{index:07d}",
+        session_id=f"s{task}",
+        timestamp=when.isoformat(),
+        user_query=query,
+        tool_calls=tool_calls,
+        final_response=final,
+        agent_name="synthetic",
+        source="live",
+        success=good,
+        messages=messages,
+        tools=TOOLS,
+        reward_score=reward,
+        rewards={"task_completion": reward},
+        label=good,
+        label_source="engine",
+        metadata={"reference_answer": str(answer)},
     )
 
 

@@ -62,15 +62,20 @@ class TokenSequence:
         return sum(self.loss_mask)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"input_ids": list(self.input_ids), "loss_mask": list(self.loss_mask), "source": self.source}
+        out: dict[str, Any] = {
+            "input_ids": list(self.input_ids),
+            "loss_mask": list(self.loss_mask),
+            "source": self.source,
+        }
         if self.logprobs is not None:
             out["logprobs"] = list(self.logprobs)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenSequence:
-        return cls(list(data["input_ids"]), list(data["loss_mask"]), str(data.get("source") or CAPTURED),
-                   data.get("logprobs"))
+        return cls(
+            list(data["input_ids"]), list(data["loss_mask"]), str(data.get("source") or CAPTURED), data.get("logprobs")
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -114,8 +119,12 @@ class CallTokens:
     tokenizer: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "logprobs": self.logprobs,
-                "tokenizer": self.tokenizer}
+        return {
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "logprobs": self.logprobs,
+            "tokenizer": self.tokenizer,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CallTokens:
@@ -148,7 +157,7 @@ def merge_calls(calls: list[CallTokens]) -> list[TokenSequence]:
     logps: list[float | None] = []
     for call in calls:
         if ids and call.prompt_ids[: len(ids)] == ids:
-            new = call.prompt_ids[len(ids):]
+            new = call.prompt_ids[len(ids) :]
         else:
             if ids:
                 out.append(TokenSequence(ids, mask, CAPTURED, logps))
@@ -156,7 +165,9 @@ def merge_calls(calls: list[CallTokens]) -> list[TokenSequence]:
             new = call.prompt_ids
         ids = ids + list(new) + list(call.completion_ids)
         mask = mask + [0] * len(new) + [1] * len(call.completion_ids)
-        sampled: list[float | None] = list(call.logprobs) if call.logprobs is not None else [None] * len(call.completion_ids)
+        sampled: list[float | None] = (
+            list(call.logprobs) if call.logprobs is not None else [None] * len(call.completion_ids)
+        )
         logps = logps + [None] * len(new) + sampled
     if ids:
         out.append(TokenSequence(ids, mask, CAPTURED, logps))
@@ -214,8 +225,14 @@ def fold_tool_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class ChatRenderer:
     """Renders conversations with one tokenizer's chat template (or TRL's training version of it)."""
 
-    def __init__(self, tokenizer: Any, *, model: str = "", template_kwargs: dict[str, Any] | None = None,
-                 stats: RenderStats | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        model: str = "",
+        template_kwargs: dict[str, Any] | None = None,
+        stats: RenderStats | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.model = model or str(getattr(tokenizer, "name_or_path", "") or "the base model")
         self.template_kwargs = dict(template_kwargs or {})
@@ -237,12 +254,16 @@ class ChatRenderer:
         except ValueError:
             return None  # no training version: every row is checked for prefix preservation as it renders
         except Exception as exc:  # noqa: BLE001 - a template TRL cannot even probe
-            raise TemplateError(f"the chat template of {self.model} fails on a tool conversation ({exc}): "
-                                "capture token ids, or pass a model whose template renders tools") from exc
+            raise TemplateError(
+                f"the chat template of {self.model} fails on a tool conversation ({exc}): "
+                "capture token ids, or pass a model whose template renders tools"
+            ) from exc
         if training is not None:
-            self.stats.note("template: TRL training template",
-                            f"the chat template of {self.model} is not prefix-preserving or has no generation marks: "
-                            "rows are rendered with TRL's training template of its family")
+            self.stats.note(
+                "template: TRL training template",
+                f"the chat template of {self.model} is not prefix-preserving or has no generation marks: "
+                "rows are rendered with TRL's training template of its family",
+            )
         return training
 
     def _renders_tool_calls(self) -> bool:
@@ -269,8 +290,14 @@ class ChatRenderer:
         if self.template is not None:
             kwargs["chat_template"] = self.template
         try:
-            out = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                                     tokenize=True, return_dict=True, **kwargs)
+            out = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=generation_prompt,
+                tokenize=True,
+                return_dict=True,
+                **kwargs,
+            )
         except Exception as exc:  # noqa: BLE001 - jinja errors, role-order exceptions raised by templates
             raise TemplateError(f"the chat template of {self.model} cannot render this conversation: {exc}") from exc
         ids = out["input_ids"]
@@ -279,9 +306,11 @@ class ChatRenderer:
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.renders_tool_calls or not any(m.get("tool_calls") for m in messages):
             return messages
-        self.stats.note("tool calls written as text",
-                        f"the chat template of {self.model} drops tool calls: they are written into the assistant "
-                        'text as <tool_call>{"name": ..., "arguments": ...}</tool_call>')
+        self.stats.note(
+            "tool calls written as text",
+            f"the chat template of {self.model} drops tool calls: they are written into the assistant "
+            'text as <tool_call>{"name": ..., "arguments": ...}</tool_call>',
+        )
         return fold_tool_calls(messages)
 
     def _extend(self, previous: list[int], ids: list[int]) -> list[int]:
@@ -289,8 +318,9 @@ class ChatRenderer:
             raise TemplateError(
                 f"the chat template of {self.model} is not prefix-preserving (it renders earlier turns differently "
                 "once later turns follow) and TRL ships no training template for it: capture token ids at the "
-                "backend (docs/capture.md), or set a prefix-preserving chat template on the base model")
-        return ids[len(previous):]
+                "backend (docs/capture.md), or set a prefix-preserving chat template on the base model"
+            )
+        return ids[len(previous) :]
 
     def _generated(self, piece: list[int]) -> int:
         """How many leading tokens of an assistant piece the model generated: through its last end-of-turn
@@ -318,8 +348,9 @@ class ChatRenderer:
                 ids, mask = ids + new, mask + [0] * len(new)
         return TokenSequence(ids, mask, TEMPLATE)
 
-    def prompt_completion(self, prompt: list[dict[str, Any]], completion: list[dict[str, Any]],
-                          tools: Any = None) -> tuple[list[int], list[int], list[int]]:
+    def prompt_completion(
+        self, prompt: list[dict[str, Any]], completion: list[dict[str, Any]], tools: Any = None
+    ) -> tuple[list[int], list[int], list[int]]:
         """(prompt ids ending on the generation prompt, completion ids, completion loss mask) for a prompt and the
         messages that follow it (one assistant turn for KTO/DPO; a whole trajectory for GRPO)."""
         seq = self.render(list(prompt) + list(completion), len(prompt), tools)

@@ -30,7 +30,9 @@ from flowrl.train.chat_backend import Completion  # the reply type every backend
 # The tables behind `lookup`. The generated task suite (flowrl/demo/suite.py) asks about their entries, so every
 # value here is an answer some task is graded on: countries whose capital is disputed or spelled several ways
 # are left out, names are lower-case ASCII.
-CAPITALS: dict[str, str] = dict(item.strip().split("=") for item in """
+CAPITALS: dict[str, str] = dict(
+    item.strip().split("=")
+    for item in """
 afghanistan=Kabul; albania=Tirana; algeria=Algiers; andorra=Andorra la Vella; angola=Luanda; argentina=Buenos Aires;
 armenia=Yerevan; australia=Canberra; austria=Vienna; azerbaijan=Baku; bahamas=Nassau; bahrain=Manama;
 bangladesh=Dhaka; barbados=Bridgetown; belarus=Minsk; belgium=Brussels; belize=Belmopan; bhutan=Thimphu;
@@ -58,10 +60,15 @@ south sudan=Juba; spain=Madrid; sudan=Khartoum; suriname=Paramaribo; sweden=Stoc
 syria=Damascus; tajikistan=Dushanbe; thailand=Bangkok; togo=Lome; trinidad and tobago=Port of Spain; tunisia=Tunis;
 turkey=Ankara; turkmenistan=Ashgabat; tuvalu=Funafuti; uganda=Kampala; ukraine=Kyiv; united arab emirates=Abu Dhabi;
 united kingdom=London; united states=Washington; uruguay=Montevideo; uzbekistan=Tashkent; vanuatu=Port Vila;
-venezuela=Caracas; vietnam=Hanoi; zambia=Lusaka; zimbabwe=Harare""".split(";"))
+venezuela=Caracas; vietnam=Hanoi; zambia=Lusaka; zimbabwe=Harare""".split(";")
+)
 # name -> (atomic number, symbol), elements 1 to 103 in order
 ELEMENTS: dict[str, tuple[int, str]] = {
-    name: (number, symbol) for number, (symbol, name) in enumerate((item.split() for item in """
+    name: (number, symbol)
+    for number, (symbol, name) in enumerate(
+        (
+            item.split()
+            for item in """
 H hydrogen; He helium; Li lithium; Be beryllium; B boron; C carbon; N nitrogen; O oxygen; F fluorine; Ne neon;
 Na sodium; Mg magnesium; Al aluminium; Si silicon; P phosphorus; S sulfur; Cl chlorine; Ar argon; K potassium;
 Ca calcium; Sc scandium; Ti titanium; V vanadium; Cr chromium; Mn manganese; Fe iron; Co cobalt; Ni nickel;
@@ -73,26 +80,68 @@ Gd gadolinium; Tb terbium; Dy dysprosium; Ho holmium; Er erbium; Tm thulium; Yb 
 Hf hafnium; Ta tantalum; W tungsten; Re rhenium; Os osmium; Ir iridium; Pt platinum; Au gold; Hg mercury;
 Tl thallium; Pb lead; Bi bismuth; Po polonium; At astatine; Rn radon; Fr francium; Ra radium; Ac actinium;
 Th thorium; Pa protactinium; U uranium; Np neptunium; Pu plutonium; Am americium; Cm curium; Bk berkelium;
-Cf californium; Es einsteinium; Fm fermium; Md mendelevium; No nobelium; Lr lawrencium""".split(";")), start=1)}
+Cf californium; Es einsteinium; Fm fermium; Md mendelevium; No nobelium; Lr lawrencium""".split(";")
+        ),
+        start=1,
+    )
+}
 # whole-number facts, phrased so that "number of <key>" reads as a question
 COUNTS: dict[str, int] = {
-    "days in a week": 7, "days in a fortnight": 14, "days in a year": 365, "days in a leap year": 366,
-    "hours in a day": 24, "hours in a week": 168, "minutes in an hour": 60, "minutes in a day": 1440,
-    "seconds in a minute": 60, "seconds in an hour": 3600, "seconds in a day": 86400, "weeks in a year": 52,
-    "months in a year": 12, "years in a decade": 10, "years in a century": 100, "years in a millennium": 1000,
-    "grams in a kilogram": 1000, "kilograms in a tonne": 1000, "milliliters in a liter": 1000,
-    "meters in a kilometer": 1000, "centimeters in a meter": 100, "millimeters in a centimeter": 10,
-    "inches in a foot": 12, "feet in a yard": 3, "feet in a mile": 5280, "yards in a mile": 1760,
-    "ounces in a pound": 16, "pounds in a stone": 14, "quarts in a gallon": 4, "bits in a byte": 8,
-    "degrees in a circle": 360, "degrees in a right angle": 90, "sides of a pentagon": 5, "sides of a hexagon": 6,
-    "sides of an octagon": 8, "squares on a chessboard": 64, "keys on a piano": 88, "cards in a standard deck": 52,
-    "players on a soccer team": 11, "strings on a violin": 4, "bones in the adult human body": 206,
-    "legs of a spider": 8, "legs of an insect": 6, "hearts of an octopus": 3, "states in the united states": 50,
-    "planets in the solar system": 8, "continents on earth": 7,
+    "days in a week": 7,
+    "days in a fortnight": 14,
+    "days in a year": 365,
+    "days in a leap year": 366,
+    "hours in a day": 24,
+    "hours in a week": 168,
+    "minutes in an hour": 60,
+    "minutes in a day": 1440,
+    "seconds in a minute": 60,
+    "seconds in an hour": 3600,
+    "seconds in a day": 86400,
+    "weeks in a year": 52,
+    "months in a year": 12,
+    "years in a decade": 10,
+    "years in a century": 100,
+    "years in a millennium": 1000,
+    "grams in a kilogram": 1000,
+    "kilograms in a tonne": 1000,
+    "milliliters in a liter": 1000,
+    "meters in a kilometer": 1000,
+    "centimeters in a meter": 100,
+    "millimeters in a centimeter": 10,
+    "inches in a foot": 12,
+    "feet in a yard": 3,
+    "feet in a mile": 5280,
+    "yards in a mile": 1760,
+    "ounces in a pound": 16,
+    "pounds in a stone": 14,
+    "quarts in a gallon": 4,
+    "bits in a byte": 8,
+    "degrees in a circle": 360,
+    "degrees in a right angle": 90,
+    "sides of a pentagon": 5,
+    "sides of a hexagon": 6,
+    "sides of an octagon": 8,
+    "squares on a chessboard": 64,
+    "keys on a piano": 88,
+    "cards in a standard deck": 52,
+    "players on a soccer team": 11,
+    "strings on a violin": 4,
+    "bones in the adult human body": 206,
+    "legs of a spider": 8,
+    "legs of an insect": 6,
+    "hearts of an octopus": 3,
+    "states in the united states": 50,
+    "planets in the solar system": 8,
+    "continents on earth": 7,
 }
 FACTS: dict[str, str] = {
-    "capital of france": "Paris", "capital of japan": "Tokyo", "capital of italy": "Rome",
-    "boiling point of water": "100 degrees Celsius", "days in a week": "7", "speed of light": "299792458 m/s",
+    "capital of france": "Paris",
+    "capital of japan": "Tokyo",
+    "capital of italy": "Rome",
+    "boiling point of water": "100 degrees Celsius",
+    "days in a week": "7",
+    "speed of light": "299792458 m/s",
     **{f"capital of {country}": city for country, city in CAPITALS.items()},
     **{f"atomic number of {name}": str(number) for name, (number, _) in ELEMENTS.items()},
     **{f"chemical symbol of {name}": symbol for name, (_, symbol) in ELEMENTS.items()},
@@ -101,21 +150,51 @@ FACTS: dict[str, str] = {
 WEATHER = {"berlin": "sunny, 21C", "rome": "cloudy, 18C", "paris": "rainy, 15C"}
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {"name": "exec_code", "description": "Run Python code and return what it prints.",
-     "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
-    {"type": "function", "function": {"name": "lookup", "description": "Look up a fact, e.g. 'capital of france'.",
-     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}},
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "final_answer", "description": "Give the final answer to the user.",
-     "parameters": {"type": "object", "properties": {"answer": {"type": "string"}, "success": {"type": "boolean"}},
-                    "required": ["answer"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "exec_code",
+            "description": "Run Python code and return what it prints.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look up a fact, e.g. 'capital of france'.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "final_answer",
+            "description": "Give the final answer to the user.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}, "success": {"type": "boolean"}},
+                "required": ["answer"],
+            },
+        },
+    },
 ]
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant with tools. Tools:\n"
-    + "\n".join(f"- {t['function']['name']}: {t['function']['description']} "
-                f"arguments: {json.dumps(list(t['function']['parameters']['properties']))}" for t in TOOLS)
+    + "\n".join(
+        f"- {t['function']['name']}: {t['function']['description']} "
+        f"arguments: {json.dumps(list(t['function']['parameters']['properties']))}"
+        for t in TOOLS
+    )
     + "\nTo use a tool, reply with exactly one line: "
     '<tool_call>{"name": "exec_code", "arguments": {"code": "print(2 + 2)"}}</tool_call>\n'
     'When you know the answer, reply: <tool_call>{"name": "final_answer", "arguments": {"answer": "4"}}</tool_call>'
@@ -124,7 +203,10 @@ SYSTEM_PROMPT = (
 # One worked example before the user's turn: small models copy its shape.
 FEW_SHOT: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 2 + 3?"},
-    {"role": "assistant", "content": '<tool_call>{"name": "exec_code", "arguments": {"code": "print(2 + 3)"}}</tool_call>'},
+    {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "exec_code", "arguments": {"code": "print(2 + 3)"}}</tool_call>',
+    },
     {"role": "user", "content": "[exec_code result] 5"},
     {"role": "assistant", "content": '<tool_call>{"name": "final_answer", "arguments": {"answer": "5"}}</tool_call>'},
 ]
@@ -204,8 +286,12 @@ def parse_tool_calls(text: str) -> list[_ToolCall]:
         if not isinstance(data, dict):
             continue
         args = data.get("arguments", {})
-        calls.append(_ToolCall(f"call_{uuid.uuid4().hex[:8]}",
-                               _ToolFunction(str(data.get("name", "")), args if isinstance(args, str) else json.dumps(args))))
+        calls.append(
+            _ToolCall(
+                f"call_{uuid.uuid4().hex[:8]}",
+                _ToolFunction(str(data.get("name", "")), args if isinstance(args, str) else json.dumps(args)),
+            )
+        )
     return calls
 
 
@@ -217,17 +303,34 @@ class ExampleEngine:
 
     async def execute(self, query: str, session_id: str, max_iterations: int) -> tuple[str, ExecutionContext]:
         ctx = ExecutionContext(uuid.uuid4().hex[:8], session_id, query, max_iterations=max_iterations)
-        ctx.working_history = [{"role": "system", "content": SYSTEM_PROMPT}, *FEW_SHOT, {"role": "user", "content": query}]
+        ctx.working_history = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            *FEW_SHOT,
+            {"role": "user", "content": query},
+        ]
         self._active_executions[ctx.run_id] = ctx
         self._session_last_run[session_id] = ctx.run_id
         answer = ""
         for _ in range(max_iterations):
             ctx.current_iteration += 1
-            msg = await self.agent.a_run_llm_completion(messages=list(ctx.working_history), tools=TOOLS,
-                                                        get_response_message=True, with_context=False)
-            ctx.working_history.append({"role": "assistant", "content": msg.content, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                for c in msg.tool_calls] or None})
+            msg = await self.agent.a_run_llm_completion(
+                messages=list(ctx.working_history), tools=TOOLS, get_response_message=True, with_context=False
+            )
+            ctx.working_history.append(
+                {
+                    "role": "assistant",
+                    "content": msg.content,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.function.name, "arguments": c.function.arguments},
+                        }
+                        for c in msg.tool_calls
+                    ]
+                    or None,
+                }
+            )
             if not ctx.working_history[-1]["tool_calls"]:
                 ctx.working_history[-1].pop("tool_calls")
                 answer, ctx.status = (msg.content or "").strip(), "completed"
@@ -265,7 +368,9 @@ class ExampleEngine:
 class ExampleAgent:
     """A FlowAgent look-alike. `backend` produces the model's text; `sandbox` runs `exec_code`."""
 
-    def __init__(self, backend: ChatBackend, *, name: str = "example_agent", sandbox: Any = None, seed: int = 0) -> None:
+    def __init__(
+        self, backend: ChatBackend, *, name: str = "example_agent", sandbox: Any = None, seed: int = 0
+    ) -> None:
         self.amd = SimpleNamespace(name=name, fast_llm_model=backend.model_name, complex_llm_model=backend.model_name)
         self.backend = backend
         self.sandbox = sandbox
@@ -278,8 +383,15 @@ class ExampleAgent:
             self._execution_engine_cache = ExampleEngine(self)
         return self._execution_engine_cache
 
-    async def a_run(self, query: str, session_id: str = "default", execution_id: str | None = None,
-                    max_iterations: int = 4, get_ctx: bool = False, **kwargs: Any) -> Any:
+    async def a_run(
+        self,
+        query: str,
+        session_id: str = "default",
+        execution_id: str | None = None,
+        max_iterations: int = 4,
+        get_ctx: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         ctx = None
         try:
             answer, ctx = await self._get_execution_engine().execute(query, session_id, max_iterations)
@@ -287,8 +399,9 @@ class ExampleAgent:
             answer = f"Error: {exc}"
         return (answer, ctx) if get_ctx else answer
 
-    async def a_run_llm_completion(self, messages: list[dict[str, Any]], tools: Any = None,
-                                   get_response_message: bool = False, **kwargs: Any) -> Any:
+    async def a_run_llm_completion(
+        self, messages: list[dict[str, Any]], tools: Any = None, get_response_message: bool = False, **kwargs: Any
+    ) -> Any:
         reply = await asyncio.to_thread(self.backend.complete, messages)
         if not isinstance(reply, Completion):
             reply = Completion(*reply)
@@ -300,8 +413,14 @@ class ExampleAgent:
             return text
         calls = parse_tool_calls(text)
         content = _TOOL_CALL.sub("", text).strip() or None
-        return _AssistantMessage(content if not calls else (content or None), calls, reply.prompt_token_ids,
-                                 reply.token_ids, reply.logprobs, reply.tokenizer)
+        return _AssistantMessage(
+            content if not calls else (content or None),
+            calls,
+            reply.prompt_token_ids,
+            reply.token_ids,
+            reply.logprobs,
+            reply.tokenizer,
+        )
 
     async def arun_function(self, function_name: str, **kwargs: Any) -> Any:
         if function_name == "exec_code":
@@ -324,5 +443,8 @@ class ExampleAgent:
         if self.sandbox is None:
             raise RuntimeError("exec_code needs a sandbox")
         res = self.sandbox.run(code, "python", timeout=5.0)
-        return {"success": res.status == "ok", "output": (res.stdout or "").strip()[:500],
-                "error": (res.stderr or "").strip()[-500:] or None}
+        return {
+            "success": res.status == "ok",
+            "output": (res.stdout or "").strip()[:500],
+            "error": (res.stderr or "").strip()[-500:] or None,
+        }

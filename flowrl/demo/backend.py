@@ -120,14 +120,33 @@ class TransformersBackend(TokensInBackend):
     likely tokens, then to the smallest set holding `top_p` of the mass (as transformers' `generate` does);
     greedy when temperature is 0. The pad token is never picked, unless it also ends a turn."""
 
-    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, max_new_tokens: int = 96,
-                 temperature: float = 0.8, seed: int = 0, batch_size: int = 8, max_wait_ms: float = 20,
-                 top_p: float = 0.95, top_k: int = 50) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        adapter: str | Path | None = None,
+        max_new_tokens: int = 96,
+        temperature: float = 0.8,
+        seed: int = 0,
+        batch_size: int = 8,
+        max_wait_ms: float = 20,
+        top_p: float = 0.95,
+        top_k: int = 50,
+    ) -> None:
         if batch_size < 1 or max_new_tokens < 1 or max_wait_ms < 0:
-            raise ConfigError(f"TransformersBackend needs batch_size >= 1, max_new_tokens >= 1 and max_wait_ms >= 0 "
-                              f"(got {batch_size}, {max_new_tokens}, {max_wait_ms})")
-        super().__init__(model_dir, adapter=adapter, max_new_tokens=max_new_tokens, temperature=temperature,
-                         seed=seed, top_p=top_p, top_k=top_k)
+            raise ConfigError(
+                f"TransformersBackend needs batch_size >= 1, max_new_tokens >= 1 and max_wait_ms >= 0 "
+                f"(got {batch_size}, {max_new_tokens}, {max_wait_ms})"
+            )
+        super().__init__(
+            model_dir,
+            adapter=adapter,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            top_p=top_p,
+            top_k=top_k,
+        )
         torch = require("torch")
         transformers = require("transformers")
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -217,17 +236,21 @@ class TransformersBackend(TokensInBackend):
         ids = torch.full((len(requests), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, request in enumerate(requests):
-            ids[i, width - len(request.prompt):] = torch.tensor(request.prompt, dtype=torch.long)
-            mask[i, width - len(request.prompt):] = 1
+            ids[i, width - len(request.prompt) :] = torch.tensor(request.prompt, dtype=torch.long)
+            mask[i, width - len(request.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                             **self._last_logits_only)
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_logits_only
+            )
         layers = getattr(out.past_key_values, "layers", None)
-        if self.batch_size > 1 and (not layers or any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys")
-                                                      for layer in layers)):
-            raise FlowRLError("this model keeps a KV cache the backend cannot batch (it needs full-attention layers, "
-                              "as Llama, SmolLM2 and Qwen2 have): use TransformersBackend(..., batch_size=1)")
+        if self.batch_size > 1 and (
+            not layers or any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in layers)
+        ):
+            raise FlowRLError(
+                "this model keeps a KV cache the backend cannot batch (it needs full-attention layers, "
+                "as Llama, SmolLM2 and Qwen2 have): use TransformersBackend(..., batch_size=1)"
+            )
         rows = [_Row(r, self._sampler(r.number)) for r in requests]
         batch = _Batch(rows, out.past_key_values, mask, position=positions[:, -1] + 1)
         return self._advance(batch, out.logits[:, -1, :])
@@ -238,9 +261,14 @@ class TransformersBackend(TokensInBackend):
         mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=-1)
         try:
             with torch.no_grad():
-                out = self.model(input_ids=batch.pending[:, None], attention_mask=mask,
-                                 position_ids=batch.position[:, None], past_key_values=batch.cache, use_cache=True,
-                                 **self._last_logits_only)
+                out = self.model(
+                    input_ids=batch.pending[:, None],
+                    attention_mask=mask,
+                    position_ids=batch.position[:, None],
+                    past_key_values=batch.cache,
+                    use_cache=True,
+                    **self._last_logits_only,
+                )
         except Exception as exc:
             if len(batch.rows) == 1:
                 self._deliver(batch.rows[0].request, error=exc)
@@ -285,7 +313,9 @@ class TransformersBackend(TokensInBackend):
         """Each row's next token and its log-probability under softmax(logits / temperature)."""
         torch = require("torch")
         scaled = logits / (self.temperature if self.temperature > 0 else 1.0)
-        allowed = scaled if self._unsampled is None else scaled.index_fill(-1, torch.tensor([self._unsampled]), -torch.inf)
+        allowed = (
+            scaled if self._unsampled is None else scaled.index_fill(-1, torch.tensor([self._unsampled]), -torch.inf)
+        )
         if self.temperature <= 0:
             picked = allowed.argmax(dim=-1)
         else:

@@ -40,8 +40,9 @@ def pick_engine(engine: str) -> str:
 
 
 class ExampleAgents:
-    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8,
-                 engine: str = "auto") -> None:
+    def __init__(
+        self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8, engine: str = "auto"
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.engine = pick_engine(engine)
         self.max_new_tokens = max_new_tokens
@@ -71,8 +72,12 @@ class ExampleAgents:
         key = (str(policy.adapter) if policy.adapter else None, policy.temperature, policy.seed)
         if key not in self._backends:
             self._backends.clear()  # one model in memory at a time
-            kwargs: dict[str, Any] = {"adapter": policy.adapter, "max_new_tokens": self.max_new_tokens,
-                                      "temperature": policy.temperature, "seed": policy.seed}
+            kwargs: dict[str, Any] = {
+                "adapter": policy.adapter,
+                "max_new_tokens": self.max_new_tokens,
+                "temperature": policy.temperature,
+                "seed": policy.seed,
+            }
             if self.engine == "llama.cpp":
                 from flowrl.demo.llama_backend import LlamaCppBackend
 

@@ -40,14 +40,17 @@ from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install llama-cpp-python (it builds llama.cpp from source: a C compiler and cmake, a few "
-                "minutes), or use the transformers backend")
+INSTALL_HINT = (
+    "pip install llama-cpp-python (it builds llama.cpp from source: a C compiler and cmake, a few "
+    "minutes), or use the transformers backend"
+)
 
 
 def _ignore_llama_devnull() -> None:
     """llama_cpp opens two /dev/null files at import and never closes them: a ResourceWarning at interpreter exit,
     not ours. The filter is added now and again at exit (a `warnings.catch_warnings()` block around the backend's
     creation, as `flowrl demo` has, would have dropped it by then)."""
+
     def ignore() -> None:
         warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
 
@@ -91,8 +94,9 @@ def _weights_key(folder: Path) -> str:
     return _key(*((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
 
 
-def gguf_for(model_dir: str | Path, adapter: str | Path | None = None, *, quant: str = "q8_0",
-             cache_dir: Path | None = None) -> Path:
+def gguf_for(
+    model_dir: str | Path, adapter: str | Path | None = None, *, quant: str = "q8_0", cache_dir: Path | None = None
+) -> Path:
     """A GGUF of `model_dir` (with `adapter` merged in), written once and cached by what it was made from."""
     from flowrl.export.gguf_writer import GGUFExporter
     from flowrl.models import models_dir
@@ -122,23 +126,54 @@ class LlamaCppBackend(TokensInBackend):
     LoRA folder) merged in. `gguf` uses a GGUF file you already have instead (its vocabulary must be
     `model_dir`'s). Safe to call from many threads (one call runs at a time)."""
 
-    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, gguf: str | Path | None = None,
-                 quant: str = "q8_0", max_new_tokens: int = 96, temperature: float = 0.8, seed: int = 0,
-                 top_p: float = 0.95, top_k: int = 50, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        adapter: str | Path | None = None,
+        gguf: str | Path | None = None,
+        quant: str = "q8_0",
+        max_new_tokens: int = 96,
+        temperature: float = 0.8,
+        seed: int = 0,
+        top_p: float = 0.95,
+        top_k: int = 50,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+    ) -> None:
         _ignore_llama_devnull()
         try:
             import llama_cpp
         except ImportError as exc:
             raise ConfigError(f"the llama.cpp backend needs llama-cpp-python ({exc}): {INSTALL_HINT}") from exc
-        super().__init__(model_dir, adapter=adapter, max_new_tokens=max_new_tokens, temperature=temperature,
-                         seed=seed, top_p=top_p, top_k=top_k)
+        super().__init__(
+            model_dir,
+            adapter=adapter,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            top_p=top_p,
+            top_k=top_k,
+        )
         self.gguf = Path(gguf) if gguf else gguf_for(model_dir, adapter, quant=quant)
-        self.llm = _llama_thread().submit(
-            llama_cpp.Llama, model_path=str(self.gguf), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count(),
-            n_batch=512, logits_all=False, verbose=False).result()
+        self.llm = (
+            _llama_thread()
+            .submit(
+                llama_cpp.Llama,
+                model_path=str(self.gguf),
+                n_ctx=n_ctx,
+                n_threads=n_threads or os.cpu_count(),
+                n_batch=512,
+                logits_all=False,
+                verbose=False,
+            )
+            .result()
+        )
         if self.llm.n_vocab() < len(self.tokenizer):
-            raise ConfigError(f"{self.gguf} has {self.llm.n_vocab()} tokens, the tokenizer in {model_dir} "
-                              f"{len(self.tokenizer)}: they are not the same model")
+            raise ConfigError(
+                f"{self.gguf} has {self.llm.n_vocab()} tokens, the tokenizer in {model_dir} "
+                f"{len(self.tokenizer)}: they are not the same model"
+            )
         config = Path(model_dir) / "generation_config.json"
         if config.is_file():
             self._also_stop_at(json.loads(config.read_text()).get("eos_token_id"))
@@ -146,8 +181,10 @@ class LlamaCppBackend(TokensInBackend):
 
     def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         if len(prompt) + self.max_new_tokens > self.llm.n_ctx():
-            raise ValueError(f"the prompt has {len(prompt)} tokens and the reply may take {self.max_new_tokens}: "
-                             f"more than the context of {self.llm.n_ctx()} (raise n_ctx)")
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens and the reply may take {self.max_new_tokens}: "
+                f"more than the context of {self.llm.n_ctx()} (raise n_ctx)"
+            )
         return _llama_thread().submit(self._decode, prompt).result()
 
     def _decode(self, prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -175,7 +212,7 @@ class LlamaCppBackend(TokensInBackend):
         cached = self.llm.input_ids[: min(self.llm.n_tokens, len(prompt) - 1)]
         differ = np.nonzero(cached != np.asarray(prompt[: len(cached)]))[0]
         self.llm.n_tokens = int(differ[0]) if len(differ) else len(cached)
-        self.llm.eval(prompt[self.llm.n_tokens:])
+        self.llm.eval(prompt[self.llm.n_tokens :])
 
     def _last_logits(self) -> Any:
         import llama_cpp

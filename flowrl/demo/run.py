@@ -83,8 +83,14 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 class Demo:
-    def __init__(self, cfg: DemoConfig, *, on_stage: Reporter | None = None, on_progress: Progress | None = None,
-                 on_start: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DemoConfig,
+        *,
+        on_stage: Reporter | None = None,
+        on_progress: Progress | None = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.store = TraceStore(self.out / "traces")
@@ -113,9 +119,17 @@ class Demo:
 
             shutil.rmtree(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        for name, fn in (("model", self.stage_model), ("collect", self.stage_collect), ("ingest", self.stage_ingest),
-                         ("score", self.stage_score), ("build", self.stage_build), ("train", self.stage_train),
-                         ("improve", self.stage_improve), ("export", self.stage_export), ("report", self.stage_report)):
+        for name, fn in (
+            ("model", self.stage_model),
+            ("collect", self.stage_collect),
+            ("ingest", self.stage_ingest),
+            ("score", self.stage_score),
+            ("build", self.stage_build),
+            ("train", self.stage_train),
+            ("improve", self.stage_improve),
+            ("export", self.stage_export),
+            ("report", self.stage_report),
+        ):
             self._stage(name, fn)
         return self.result
 
@@ -159,8 +173,10 @@ class Demo:
                 hook.unhook()
         annotated = annotate(self.store, source="live", agent="example_agent")
         stats = hook.stats
-        return (f"{engine}: {len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
-                f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer")
+        return (
+            f"{engine}: {len(plan)} runs, {correct} answered correctly, {stats.written} traces written, "
+            f"{stats.tool_calls} tool calls, {annotated} traces given their task's reference answer"
+        )
 
     def stage_ingest(self) -> tuple[str, bool]:
         from importlib.resources import as_file
@@ -170,7 +186,10 @@ class Demo:
         with contextlib.ExitStack() as stack:
             data = self.cfg.flowagent_data or stack.enter_context(as_file(flowagent_fixtures()))
             s = ingest_paths([data], self.store)
-        return f"{data.name}: read {s.read}, new {s.new}, duplicate {s.duplicate}, rejected {len(s.rejected)}", s.new == 0
+        return (
+            f"{data.name}: read {s.read}, new {s.new}, duplicate {s.duplicate}, rejected {len(s.rejected)}",
+            s.new == 0,
+        )
 
     def stage_score(self) -> tuple[str, bool]:
         from flowrl.rewards import RewardEngine, score_store
@@ -199,11 +218,23 @@ class Demo:
         out = self.out / "runs" / method
         if self._done(out / "adapter_config.json"):
             return out
-        cfg = TrainingConfig(method=method, dataset=self.out / "datasets" / method, base_model=self.cfg.base_model,
-                             output_dir=out, max_steps=steps, save_steps=max(steps, 1), overwrite=True,
-                             seed=self.cfg.seed, max_completion_length=48, num_generations=2, max_length=1024,
-                             per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=2e-4,
-                             progress_bar=False)
+        cfg = TrainingConfig(
+            method=method,
+            dataset=self.out / "datasets" / method,
+            base_model=self.cfg.base_model,
+            output_dir=out,
+            max_steps=steps,
+            save_steps=max(steps, 1),
+            overwrite=True,
+            seed=self.cfg.seed,
+            max_completion_length=48,
+            num_generations=2,
+            max_length=1024,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=1,
+            learning_rate=2e-4,
+            progress_bar=False,
+        )
         TrainingPipeline(cfg).run()
         return out
 
@@ -227,18 +258,33 @@ class Demo:
         reused = self._done(last)
         train, held_out = example_tasks(cfg.improve_train_tasks, cfg.improve_eval_tasks, seed=cfg.seed)
         with ExampleAgents(self.model_dir or cfg.base_model, engine="auto") as agents:
-            config = ImproveConfig(out=out, rounds=cfg.improve_rounds, samples=cfg.improve_samples,
-                                   base_model=cfg.base_model, concurrency=agents.concurrency, epochs=3.0, seed=cfg.seed)
+            config = ImproveConfig(
+                out=out,
+                rounds=cfg.improve_rounds,
+                samples=cfg.improve_samples,
+                base_model=cfg.base_model,
+                concurrency=agents.concurrency,
+                epochs=3.0,
+                seed=cfg.seed,
+            )
             try:
-                results = improve(agents, train, held_out, example_grade, config,
-                                  on_progress=lambda s, d, t: self.on_progress(f"improve {s}", d, t))
+                results = improve(
+                    agents,
+                    train,
+                    held_out,
+                    example_grade,
+                    config,
+                    on_progress=lambda s, d, t: self.on_progress(f"improve {s}", d, t),
+                )
             except ImproveError as exc:
                 return f"{agents.engine}: stopped: {exc}", False
         parts = []
         for r in results:
             base, arm = r.arms["base"], r.arms[f"round-{r.round}"]
-            parts.append(f"round {r.round}: {r.right}/{r.collected} collected runs right, held-out "
-                         f"{_rate(base)} (base) -> {_rate(arm)}")
+            parts.append(
+                f"round {r.round}: {r.right}/{r.collected} collected runs right, held-out "
+                f"{_rate(base)} (base) -> {_rate(arm)}"
+            )
         return f"{agents.engine}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
 
     def stage_export(self) -> tuple[str, bool]:
@@ -248,8 +294,9 @@ class Demo:
         found = sorted(out.glob("*.gguf")) if out.exists() else []
         if found and not self.cfg.fresh:
             return f"{found[0].name} already exported", True
-        res = ExportPipeline(self.out / "runs" / "grpo", out, quant=self.cfg.quant, ollama_name="flowrl-demo",
-                             overwrite=True).run()  # the demo owns its folder: a half-done export is redone
+        res = ExportPipeline(
+            self.out / "runs" / "grpo", out, quant=self.cfg.quant, ollama_name="flowrl-demo", overwrite=True
+        ).run()  # the demo owns its folder: a half-done export is redone
         return _export_summary(res), False
 
     def stage_report(self) -> tuple[str, bool]:

@@ -43,8 +43,15 @@ async def default_run(agent: Any, task: TaskLike) -> str:
     return result if isinstance(result, str) else str(result)
 
 
-async def run_tasks(agent: Any, tasks: list[Any], grade: Grader, *, run: Runner = default_run,
-                    concurrency: int = 8, on_done: Callable[[int], None] | None = None) -> dict[str, bool]:
+async def run_tasks(
+    agent: Any,
+    tasks: list[Any],
+    grade: Grader,
+    *,
+    run: Runner = default_run,
+    concurrency: int = 8,
+    on_done: Callable[[int], None] | None = None,
+) -> dict[str, bool]:
     """Every task through `agent`, `concurrency` at a time; task_id -> graded outcome. A task whose run
     raises counts as a failure (and is logged): an agent that crashes did not answer."""
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -74,9 +81,17 @@ async def run_tasks(agent: Any, tasks: list[Any], grade: Grader, *, run: Runner 
     return {t.task_id: outcomes[t.task_id] for t in tasks}
 
 
-def run_arms(arms: dict[str, AgentFactory], tasks: Iterable[Any], grade: Grader, *, run: Runner = default_run,
-             concurrency: int = 8, store_root: Path | None = None, on_progress: Progress | None = None,
-             hook_options: dict[str, Any] | None = None) -> dict[str, dict[str, bool]]:
+def run_arms(
+    arms: dict[str, AgentFactory],
+    tasks: Iterable[Any],
+    grade: Grader,
+    *,
+    run: Runner = default_run,
+    concurrency: int = 8,
+    store_root: Path | None = None,
+    on_progress: Progress | None = None,
+    hook_options: dict[str, Any] | None = None,
+) -> dict[str, dict[str, bool]]:
     """Run every arm on the same tasks; task_id -> arm -> outcome (the input of `results.summarize`).
 
     With `store_root`, each arm's runs are captured into `store_root/<arm>` (one trace per run)."""
@@ -95,8 +110,9 @@ def run_arms(arms: dict[str, AgentFactory], tasks: Iterable[Any], grade: Grader,
             hook = hook_into_agent(agent, store=TraceStore(Path(store_root) / name), **(hook_options or {}))
         try:
             progress = (lambda n, _name=name: on_progress(_name, n, len(tasks))) if on_progress else None
-            per_arm[name] = asyncio.run(run_tasks(agent, tasks, grade, run=run, concurrency=concurrency,
-                                                  on_done=progress))
+            per_arm[name] = asyncio.run(
+                run_tasks(agent, tasks, grade, run=run, concurrency=concurrency, on_done=progress)
+            )
         finally:
             if hook is not None:
                 hook.flush()

@@ -113,10 +113,23 @@ def load_prompts(source: Path | str, *, limit: int | None = None) -> tuple[list[
             if seen[key].reference is None:
                 seen[key].reference = reference
             continue
-        extra = {k: v for k, v in row.items()
-                 if k not in ("prompt", "messages", "chosen", "rejected", "completion", "completions", "tools",
-                              "reference_source", *REFERENCE_KEYS)
-                 and isinstance(v, (str, int, float, bool, type(None)))}
+        extra = {
+            k: v
+            for k, v in row.items()
+            if k
+            not in (
+                "prompt",
+                "messages",
+                "chosen",
+                "rejected",
+                "completion",
+                "completions",
+                "tools",
+                "reference_source",
+                *REFERENCE_KEYS,
+            )
+            and isinstance(v, (str, int, float, bool, type(None)))
+        }
         prompts.append(EvalPrompt(messages, reference, row.get("tools") or None, extra))
         seen[key] = prompts[-1]
         if limit and len(prompts) >= limit:
@@ -129,24 +142,26 @@ def load_prompts(source: Path | str, *, limit: int | None = None) -> tuple[list[
 # --------------------------------------------------------------------------- generation and scoring
 
 
-def generate_answers(resolved: ResolvedModel, prompts: list[EvalPrompt], *, max_new_tokens: int = 128,
-                     batch_size: int = 8) -> list[str]:
+def generate_answers(
+    resolved: ResolvedModel, prompts: list[EvalPrompt], *, max_new_tokens: int = 128, batch_size: int = 8
+) -> list[str]:
     """Greedy answers of one model to every prompt, batched with left padding."""
     torch = require("torch")
     model, tokenizer = load_for_inference(resolved)
     device = next(model.parameters()).device
     answers: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         texts = [
             tokenizer.apply_chat_template(p.messages, tools=p.tools, add_generation_prompt=True, tokenize=False)
             for p in chunk
         ]
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        answers.extend(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+        answers.extend(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
     del model
     return [a.strip() for a in answers]
 
@@ -171,9 +186,18 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, out_dir: Path | str | None = None,
-             max_new_tokens: int = 128, limit: int | None = None, batch_size: int = 8,
-             reward_config: Path | None = None, rewards: list[str] | None = None) -> EvalReport:
+def evaluate(
+    model: str,
+    prompts: Path | str,
+    *,
+    baseline: str | None = None,
+    out_dir: Path | str | None = None,
+    max_new_tokens: int = 128,
+    limit: int | None = None,
+    batch_size: int = 8,
+    reward_config: Path | None = None,
+    rewards: list[str] | None = None,
+) -> EvalReport:
     """Generate, score and report for `model` and (if any) `baseline`. See the module docstring."""
     from flowrl.rewards.engine import RewardEngine
 
@@ -192,14 +216,18 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
 
     per_subject: dict[str, dict[str, Any]] = {}
     with engine:  # closes every reward (sandbox workers, judge clients) at the end
-        chosen = RewardEngine({n: engine.rewards[n] for n in names}, {n: engine.weights[n] for n in names},
-                              engine.threshold)  # computes only the rewards asked for
+        chosen = RewardEngine(
+            {n: engine.rewards[n] for n in names}, {n: engine.weights[n] for n in names}, engine.threshold
+        )  # computes only the rewards asked for
         for role, resolved in subjects.items():
             answers = generate_answers(resolved, items, max_new_tokens=max_new_tokens, batch_size=batch_size)
             results = chosen.compute_batch([answer_trace(p, a) for p, a in zip(items, answers)])
             scores = [{n: r[n].value for n in names} for r in results]
-            per_subject[role] = {"answers": answers, "scores": scores,
-                                 "combined": [chosen.compute_combined(r) for r in results]}
+            per_subject[role] = {
+                "answers": answers,
+                "scores": scores,
+                "combined": [chosen.compute_combined(r) for r in results],
+            }
 
     per_reward: dict[str, dict[str, Any]] = {}
     for n in names:
@@ -221,9 +249,16 @@ def evaluate(model: str, prompts: Path | str, *, baseline: str | None = None, ou
         samples.append(sample)
 
     report = EvalReport(
-        model=subjects["model"].spec, baseline=subjects["baseline"].spec if "baseline" in subjects else None,
-        n_prompts=len(items), per_reward=per_reward, combined=combined, samples=samples, prompts_source=str(prompts),
-        split=split, max_new_tokens=max_new_tokens, seconds=round(time.perf_counter() - started, 2),
+        model=subjects["model"].spec,
+        baseline=subjects["baseline"].spec if "baseline" in subjects else None,
+        n_prompts=len(items),
+        per_reward=per_reward,
+        combined=combined,
+        samples=samples,
+        prompts_source=str(prompts),
+        split=split,
+        max_new_tokens=max_new_tokens,
+        seconds=round(time.perf_counter() - started, 2),
     )
     if out_dir is not None:
         write_report(report, Path(out_dir))
@@ -255,8 +290,9 @@ def default_baseline(model: str) -> str | None:
 def write_report(report: EvalReport, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / REPORT_JSON
-    json_path.write_text(json.dumps(report.to_json_dict(), indent=2, ensure_ascii=False, default=str) + "\n",
-                         encoding="utf-8")
+    json_path.write_text(
+        json.dumps(report.to_json_dict(), indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
     png_path = out_dir / REPORT_PNG
     plot_report(report, png_path)
     return json_path, png_path
@@ -279,8 +315,13 @@ def plot_report(report: EvalReport, path: Path) -> Path:
         name = report.baseline if role == "baseline" else report.model
         bars = ax.bar(xs, [v if v is not None else 0.0 for v in values], width, label=f"{role}: {Path(str(name)).name}")
         for bar, v in zip(bars, values):
-            ax.annotate("n/a" if v is None else f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                "n/a" if v is None else f"{v:.2f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right")
     ax.set_ylim(0, 1.3)

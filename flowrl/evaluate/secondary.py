@@ -23,11 +23,12 @@ TaskOf = Callable[[Any], str | None]  # trace -> task id
 def eval_task_id(trace: Any) -> str | None:
     """The task of a run captured by `run_arms` (session id `eval-<task_id>`)."""
     session = trace.session_id or ""
-    return session[len("eval-"):] if session.startswith("eval-") else None
+    return session[len("eval-") :] if session.startswith("eval-") else None
 
 
-def reward_means(stores: dict[str, Path], task_ids: list[str], *, task_of: TaskOf = eval_task_id,
-                 engine: Any = None) -> dict[str, Any]:
+def reward_means(
+    stores: dict[str, Path], task_ids: list[str], *, task_of: TaskOf = eval_task_id, engine: Any = None
+) -> dict[str, Any]:
     """Score every arm's store (what is not scored yet) and average each reward per arm over the shared tasks."""
     from flowrl.rewards.engine import RewardEngine
     from flowrl.rewards.scoring import score_store
@@ -60,9 +61,18 @@ def reward_means(stores: dict[str, Path], task_ids: list[str], *, task_of: TaskO
     out: dict[str, Any] = {}
     for name in names:
         shared = [t for t in task_ids if all(per_arm[arm].get(t, {}).get(name) is not None for arm in per_arm)]
-        out[name] = {"n": len(shared), "errors": errors.get(name, 0),
-                     "means": {arm: (round(sum(per_arm[arm][t][name] for t in shared) / len(shared), 6)  # type: ignore[misc]
-                                     if shared else None) for arm in per_arm}}
+        out[name] = {
+            "n": len(shared),
+            "errors": errors.get(name, 0),
+            "means": {
+                arm: (
+                    round(sum(per_arm[arm][t][name] for t in shared) / len(shared), 6)  # type: ignore[misc]
+                    if shared
+                    else None
+                )
+                for arm in per_arm
+            },
+        }
     return {"rewards": out}
 
 

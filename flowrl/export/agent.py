@@ -18,8 +18,11 @@ from typing import Any
 
 from flowrl.export.errors import ExportError
 
-_SLOTS = {"fast": ("fast_llm_model",), "complex": ("complex_llm_model",),
-          "both": ("fast_llm_model", "complex_llm_model")}
+_SLOTS = {
+    "fast": ("fast_llm_model",),
+    "complex": ("complex_llm_model",),
+    "both": ("fast_llm_model", "complex_llm_model"),
+}
 
 
 def ollama_model(name: str) -> str:
@@ -33,12 +36,14 @@ def _target(agent: Any) -> Any:
         return amd
     if hasattr(agent, "fast_llm_model"):
         return agent
-    raise ExportError(f"{type(agent).__name__} has neither amd.fast_llm_model nor fast_llm_model: "
-                      "cannot point it at another model")
+    raise ExportError(
+        f"{type(agent).__name__} has neither amd.fast_llm_model nor fast_llm_model: cannot point it at another model"
+    )
 
 
-def use_model(agent: Any, model: str, *, api_base: str | None = None, api_key: str | None = None,
-              which: str = "both") -> dict[str, Any]:
+def use_model(
+    agent: Any, model: str, *, api_base: str | None = None, api_key: str | None = None, which: str = "both"
+) -> dict[str, Any]:
     """Make `agent` use `model` for its fast and/or complex slot; return the previous values.
 
     `which` is `fast`, `complex` or `both`. `api_base`/`api_key` are set only when given.

@@ -66,8 +66,10 @@ class GGUFResult:
 def read_config(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise ExportError(f"no config.json in {model_dir}: GGUF export needs a merged Hugging Face model folder "
-                          "(run `flowrl export --format safetensors` first, or pass the adapter folder to `flowrl export`)")
+        raise ExportError(
+            f"no config.json in {model_dir}: GGUF export needs a merged Hugging Face model folder "
+            "(run `flowrl export --format safetensors` first, or pass the adapter folder to `flowrl export`)"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -82,7 +84,8 @@ def arch_spec(config: dict[str, Any]) -> tuple[str, ArchSpec]:
     shown = ", ".join(names) or f"model_type {config.get('model_type')!r}"
     raise UnsupportedArchitectureError(
         f"GGUF export does not support {shown}: supported architectures are {', '.join(ARCHITECTURES)}. "
-        "Use `--format safetensors` for other models (Ollama can import some safetensors folders directly)")
+        "Use `--format safetensors` for other models (Ollama can import some safetensors folders directly)"
+    )
 
 
 def _rope_theta(config: dict[str, Any]) -> float | None:
@@ -99,9 +102,11 @@ def _rope_scaling(config: dict[str, Any]) -> dict[str, Any] | None:
 
 def _permute(weights: Any, n_head: int) -> Any:
     """llama.cpp's `LlamaModel.permute`: rotate-half (HF) -> interleaved pairs (GGML) along the rows."""
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2)
-            .reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -195,7 +200,8 @@ class GGUFExporter:
             if gguf_name is None:
                 raise UnsupportedArchitectureError(
                     f"tensor {key!r} of {hf_arch} has no GGUF name for architecture {spec.gguf_arch!r}: "
-                    f"this checkpoint is not a plain {hf_arch} (supported: {', '.join(ARCHITECTURES)})")
+                    f"this checkpoint is not a plain {hf_arch} (supported: {', '.join(ARCHITECTURES)})"
+                )
             plans.append((key, gguf_name, plan_tensor(gguf_name, shape, self.quant), shape))
 
         def transform(key: str, array: Any) -> Any:
@@ -210,7 +216,8 @@ class GGUFExporter:
         if scaling is not None:
             result.warnings.append(
                 f"RoPE scaling {scaling['rope_type']!r} is not written: llama.cpp and transformers' GGUF loader "
-                "then use unscaled RoPE, which matches the original only within the unscaled context length")
+                "then use unscaled RoPE, which matches the original only within the unscaled context length"
+            )
 
         def fill(writer: Any) -> None:
             self._add_metadata(writer, config, model_dir)
@@ -281,8 +288,10 @@ def write_gguf(
     expected = sum(_nbytes(shape, plan.ggml_type) for _, shape, plan in infos)
     free = shutil.disk_usage(out_path.parent).free
     if free < expected:
-        raise ExportError(f"not enough disk space for {out_path}: it needs about {expected / 1e9:.2f} GB, "
-                          f"{free / 1e9:.2f} GB are free. Free some space or pass another --out")
+        raise ExportError(
+            f"not enough disk space for {out_path}: it needs about {expected / 1e9:.2f} GB, "
+            f"{free / 1e9:.2f} GB are free. Free some space or pass another --out"
+        )
     tmp = out_path.with_name(f".{out_path.name}.partial-{os.getpid()}")
     writer = gguf.GGUFWriter(tmp, arch)
     try:
@@ -307,8 +316,10 @@ def write_gguf(
         writer.close()
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise ExportError(f"disk full while writing {out_path} (about {expected / 1e9:.2f} GB needed); "
-                              "nothing was left behind. Free some space or pass another --out, then run again") from exc
+            raise ExportError(
+                f"disk full while writing {out_path} (about {expected / 1e9:.2f} GB needed); "
+                "nothing was left behind. Free some space or pass another --out, then run again"
+            ) from exc
         if isinstance(exc, OSError):
             raise ExportError(f"cannot write {out_path}: {exc}; nothing was left behind") from exc
         raise

@@ -25,8 +25,14 @@ log = logging.getLogger(__name__)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-           "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 @dataclass
@@ -40,19 +46,24 @@ class MergeResult:
 def model_kind(model_dir: Path) -> str:
     """'adapter', 'model', or raise ExportError saying what the folder lacks."""
     if not model_dir.is_dir():
-        raise ExportError(f"{model_dir} is not a folder: pass the adapter folder `flowrl train` wrote, "
-                          "or a Hugging Face model folder")
+        raise ExportError(
+            f"{model_dir} is not a folder: pass the adapter folder `flowrl train` wrote, or a Hugging Face model folder"
+        )
     if (model_dir / ADAPTER_CONFIG).is_file():
         if not any((model_dir / name).is_file() for name in ADAPTER_WEIGHTS):
-            raise ExportError(f"{model_dir} has {ADAPTER_CONFIG} but no adapter weights "
-                              f"({' or '.join(ADAPTER_WEIGHTS)}): the training run did not finish saving")
+            raise ExportError(
+                f"{model_dir} has {ADAPTER_CONFIG} but no adapter weights "
+                f"({' or '.join(ADAPTER_WEIGHTS)}): the training run did not finish saving"
+            )
         return "adapter"
     if (model_dir / "config.json").is_file():
         if not (any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))):
             raise ExportError(f"{model_dir} has config.json but no weights (*.safetensors)")
         return "model"
-    raise ExportError(f"no {ADAPTER_CONFIG} or config.json in {model_dir}: pass the adapter folder `flowrl train` "
-                      "wrote (it holds adapter_config.json and adapter_model.safetensors), or a merged model folder")
+    raise ExportError(
+        f"no {ADAPTER_CONFIG} or config.json in {model_dir}: pass the adapter folder `flowrl train` "
+        "wrote (it holds adapter_config.json and adapter_model.safetensors), or a merged model folder"
+    )
 
 
 def _resolve_base(adapter_dir: Path, base: str) -> str:
@@ -67,8 +78,10 @@ def _resolve_base(adapter_dir: Path, base: str) -> str:
     try:
         return resolve_model(base).path
     except FlowRLError as exc:
-        raise ExportError(f"cannot find the base model {base!r} named in {adapter_dir / ADAPTER_CONFIG}: {exc}. "
-                          "Pass --base-model with a local model folder") from exc
+        raise ExportError(
+            f"cannot find the base model {base!r} named in {adapter_dir / ADAPTER_CONFIG}: {exc}. "
+            "Pass --base-model with a local model folder"
+        ) from exc
 
 
 def _save_dtype(requested: str, base_config: dict[str, Any]) -> str:
@@ -110,8 +123,10 @@ def merge_adapter(
         base_config = transformers.AutoConfig.from_pretrained(base).to_dict()
         model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     except Exception as exc:
-        raise ExportError(f"cannot load the base model {base!r} named in {model_dir / ADAPTER_CONFIG}: {exc}. "
-                          "Pass --base-model with a local model folder") from exc
+        raise ExportError(
+            f"cannot load the base model {base!r} named in {model_dir / ADAPTER_CONFIG}: {exc}. "
+            "Pass --base-model with a local model folder"
+        ) from exc
     tok_dir = model_dir if any((model_dir / f).is_file() for f in TOKENIZER_FILES) else Path(base)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:

@@ -70,9 +70,16 @@ class ChatFormat:
 
 
 FORMATS: dict[str, ChatFormat] = {
-    "chatml": ChatFormat("chatml", CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_start|>system\n", "<|im_end|>"),
-    "llama3": ChatFormat("llama3", LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-                         "<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>"),
+    "chatml": ChatFormat(
+        "chatml", CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_start|>system\n", "<|im_end|>"
+    ),
+    "llama3": ChatFormat(
+        "llama3",
+        LLAMA3_TEMPLATE,
+        ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|start_header_id|>system<|end_header_id|>\n\n",
+        "<|eot_id|>",
+    ),
 }
 
 
@@ -87,15 +94,17 @@ def detect_format(chat_template: str | None) -> ChatFormat:
     raise TemplateConversionError(
         "this chat template is neither ChatML (<|im_start|>) nor Llama 3 (<|start_header_id|>); flowrl converts only "
         "those two into Ollama's Go template syntax. Write TEMPLATE by hand, or leave it out and let Ollama use the "
-        "template stored in the GGUF file")
+        "template stored in the GGUF file"
+    )
 
 
 def default_system_prompt(tokenizer: Any, fmt: ChatFormat) -> str | None:
     """The system prompt the Jinja template adds when the conversation has none, if any."""
     marker = "FLOWRL-USER-MESSAGE"
     try:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+        )
     except Exception as exc:  # a template that needs more context (tools, dates) renders nothing useful here
         log.debug("cannot render the chat template: %s", exc)
         return None
@@ -104,7 +113,7 @@ def default_system_prompt(tokenizer: Any, fmt: ChatFormat) -> str | None:
     if start < 0:
         return None
     end = head.find(fmt.system_close, start)
-    text = head[start + len(fmt.system_open): end if end >= 0 else None]
+    text = head[start + len(fmt.system_open) : end if end >= 0 else None]
     return text.strip() or None
 
 
@@ -183,7 +192,7 @@ def build_modelfile(
     except TemplateConversionError as exc:
         if strict:
             raise
-        spec.note = (f"TEMPLATE left out: {exc}.\nOllama uses the chat template stored in the model file instead.")
+        spec.note = f"TEMPLATE left out: {exc}.\nOllama uses the chat template stored in the model file instead."
         log.warning("Modelfile: %s", exc)
     else:
         spec.template = fmt.template
@@ -234,8 +243,13 @@ class OllamaDeployer:
         self.binary = binary
         self.timeout = timeout
 
-    def write_modelfile(self, source: str | os.PathLike[str], model_dir: str | os.PathLike[str],
-                        out_dir: str | os.PathLike[str], **options: Any) -> Path:
+    def write_modelfile(
+        self,
+        source: str | os.PathLike[str],
+        model_dir: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str],
+        **options: Any,
+    ) -> Path:
         out_dir = Path(out_dir)
         source = Path(source)
         # Ollama resolves FROM relative to the Modelfile's folder.
@@ -258,11 +272,16 @@ class OllamaDeployer:
         cmd = self.command(modelfile)
         exe = shutil.which(self.binary)
         if exe is None:
-            return DeployResult(modelfile=modelfile, command=cmd, created=False,
-                                output=f"{self.binary} is not on PATH; run this where Ollama is installed")
+            return DeployResult(
+                modelfile=modelfile,
+                command=cmd,
+                created=False,
+                output=f"{self.binary} is not on PATH; run this where Ollama is installed",
+            )
         try:
-            proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=self.timeout,
-                                  cwd=str(modelfile.parent))
+            proc = subprocess.run(
+                [exe, *cmd[1:]], capture_output=True, text=True, timeout=self.timeout, cwd=str(modelfile.parent)
+            )
         except subprocess.TimeoutExpired as exc:
             raise ExportError(f"`{' '.join(cmd)}` did not finish in {self.timeout:.0f} s") from exc
         output = (proc.stdout + proc.stderr).strip()
@@ -270,6 +289,11 @@ class OllamaDeployer:
             raise ExportError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {output[-2000:]}")
         return DeployResult(modelfile=modelfile, command=cmd, created=True, output=output)
 
-    def deploy(self, source: str | os.PathLike[str], model_dir: str | os.PathLike[str],
-               out_dir: str | os.PathLike[str], **options: Any) -> DeployResult:
+    def deploy(
+        self,
+        source: str | os.PathLike[str],
+        model_dir: str | os.PathLike[str],
+        out_dir: str | os.PathLike[str],
+        **options: Any,
+    ) -> DeployResult:
         return self.create(self.write_modelfile(source, model_dir, out_dir, **options))

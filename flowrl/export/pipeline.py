@@ -117,8 +117,11 @@ class ExportPipeline:
         if not self.out_dir.is_dir():
             return []
         fixed = [self.out_dir / name for name in ("merged", "Modelfile", "export.json")]
-        return [p for p in fixed if p.exists()] + sorted(self.out_dir.glob("*.gguf")) + sorted(
-            self.out_dir.glob("*.gguf.failed-verification"))
+        return (
+            [p for p in fixed if p.exists()]
+            + sorted(self.out_dir.glob("*.gguf"))
+            + sorted(self.out_dir.glob("*.gguf.failed-verification"))
+        )
 
     def _prepare_out(self) -> None:
         """Refuse an `out_dir` holding an export unless `overwrite`; then remove only that export's files."""
@@ -126,8 +129,10 @@ class ExportPipeline:
             raise ExportError(f"--out {self.out_dir} is a file: give a folder")
         previous = self._previous_outputs()
         if previous and not self.overwrite:
-            raise ExportError(f"--out {self.out_dir} already holds an export ({previous[0].name}): "
-                              "pass --overwrite to replace it, or pick another folder")
+            raise ExportError(
+                f"--out {self.out_dir} already holds an export ({previous[0].name}): "
+                "pass --overwrite to replace it, or pick another folder"
+            )
         for path in previous:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 

@@ -84,15 +84,18 @@ class VerificationReport:
         worst = max(self.checks, key=lambda c: c.drift_rel_error)
         conv = max(c.conversion_rel_error for c in self.checks)
         top1 = min(c.top1_agreement for c in self.checks)
-        return (f"{len(self.checks)} prompts: conversion error {conv:.1e} (limit {CONVERSION_TOLERANCE:.0e}), "
-                f"{self.quant} drift {worst.drift_rel_error:.3f} (limit {TOLERANCES[self.quant].max_rel_error}), "
-                f"top-1 agreement >= {top1:.2f}, mean KL <= {max(c.mean_kl for c in self.checks):.3g}")
+        return (
+            f"{len(self.checks)} prompts: conversion error {conv:.1e} (limit {CONVERSION_TOLERANCE:.0e}), "
+            f"{self.quant} drift {worst.drift_rel_error:.3f} (limit {TOLERANCES[self.quant].max_rel_error}), "
+            f"top-1 agreement >= {top1:.2f}, mean KL <= {max(c.mean_kl for c in self.checks):.3g}"
+        )
 
 
 def _encode(tokenizer: Any, prompt: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )
         return list(out["input_ids"])
     return list(tokenizer(prompt)["input_ids"])
 
@@ -158,8 +161,9 @@ def verify_gguf(
         for flag in _BIAS_FLAGS:
             if config.get(flag) and hasattr(gguf_config, flag):
                 setattr(gguf_config, flag, True)
-        gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                          config=gguf_config, dtype=torch.float32)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, config=gguf_config, dtype=torch.float32
+        )
         gguf_tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as exc:
         raise VerificationError(f"transformers cannot load {gguf_path} back: {exc}") from exc
@@ -178,32 +182,42 @@ def verify_gguf(
     for (prompt, ids), ref, sim, got in zip(encoded, plain, simulated, loaded):
         kl = torch.nn.functional.kl_div(got.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none")
         check = PromptCheck(
-            prompt=prompt, n_tokens=len(ids), conversion_rel_error=_rel(sim, got), drift_rel_error=_rel(ref, got),
+            prompt=prompt,
+            n_tokens=len(ids),
+            conversion_rel_error=_rel(sim, got),
+            drift_rel_error=_rel(ref, got),
             top1_agreement=float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
-            mean_kl=float(kl.sum(-1).mean()), tokens_match=_encode(gguf_tok, prompt) == ids,
+            mean_kl=float(kl.sum(-1).mean()),
+            tokens_match=_encode(gguf_tok, prompt) == ids,
         )
         report.checks.append(check)
         if check.conversion_rel_error > CONVERSION_TOLERANCE:
             report.failures.append(
                 f"{prompt!r}: logits differ from the merged model with {quant} weights by "
-                f"{check.conversion_rel_error:.3g} (limit {CONVERSION_TOLERANCE:.0e}): the conversion is wrong")
+                f"{check.conversion_rel_error:.3g} (limit {CONVERSION_TOLERANCE:.0e}): the conversion is wrong"
+            )
         if check.drift_rel_error > tol.max_rel_error:
             report.failures.append(
                 f"{prompt!r}: {quant} moves the logits by {check.drift_rel_error:.3f} "
-                f"(limit {tol.max_rel_error} for {quant})")
+                f"(limit {tol.max_rel_error} for {quant})"
+            )
         if check.top1_agreement < tol.warn_top1_below:
             report.warnings.append(
                 f"{prompt!r}: only {check.top1_agreement:.0%} of next-token predictions agree with the unquantised "
-                f"model under {quant}; a higher-precision type keeps more of it (q8_0 > q4_0, f16 > bf16)")
+                f"model under {quant}; a higher-precision type keeps more of it (q8_0 > q4_0, f16 > bf16)"
+            )
         if not check.tokens_match:
-            report.warnings.append(f"{prompt!r}: the GGUF tokenizer, as transformers rebuilds it, splits this prompt "
-                                   "differently (llama.cpp/Ollama use tokenizer.ggml.pre and may still match)")
+            report.warnings.append(
+                f"{prompt!r}: the GGUF tokenizer, as transformers rebuilds it, splits this prompt "
+                "differently (llama.cpp/Ollama use tokenizer.ggml.pre and may still match)"
+            )
     if getattr(ref_tok, "chat_template", None) and getattr(gguf_tok, "chat_template", None) != ref_tok.chat_template:
         report.warnings.append("the chat template read back from the GGUF differs from the merged model's")
 
     for warning in report.warnings:
         log.warning("verify %s: %s", gguf_path.name, warning)
     if report.failures and raise_on_failure:
-        raise VerificationError(f"{gguf_path} failed verification against {reference_dir}:\n  "
-                                + "\n  ".join(report.failures))
+        raise VerificationError(
+            f"{gguf_path} failed verification against {reference_dir}:\n  " + "\n  ".join(report.failures)
+        )
     return report

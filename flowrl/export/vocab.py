@@ -42,7 +42,9 @@ QWEN2_SPLIT = (
 # GGUF token types (gguf.TokenType), spelled out so this module imports nothing heavy at load.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
-SUPPORTED_TOKENIZERS = "byte-level BPE (SmolLM2, Llama 3, Qwen2, GPT-2) and sentencepiece-style BPE with byte fallback (Llama 2, Mistral)"
+SUPPORTED_TOKENIZERS = (
+    "byte-level BPE (SmolLM2, Llama 3, Qwen2, GPT-2) and sentencepiece-style BPE with byte fallback (Llama 2, Mistral)"
+)
 
 # End-of-turn tokens of the chat formats flowrl knows; written as `tokenizer.ggml.eot_token_id`.
 EOT_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -66,11 +68,15 @@ def load_tokenizer(model_dir: Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:
-        raise ExportError(f"cannot load the tokenizer in {model_dir}: {exc}. The folder needs tokenizer.json "
-                          "and tokenizer_config.json (flowrl's merge step saves them)") from exc
+        raise ExportError(
+            f"cannot load the tokenizer in {model_dir}: {exc}. The folder needs tokenizer.json "
+            "and tokenizer_config.json (flowrl's merge step saves them)"
+        ) from exc
     if not getattr(tok, "is_fast", False):
-        raise ExportError(f"the tokenizer in {model_dir} is not a fast (tokenizer.json) tokenizer; GGUF export supports "
-                          f"{SUPPORTED_TOKENIZERS}")
+        raise ExportError(
+            f"the tokenizer in {model_dir} is not a fast (tokenizer.json) tokenizer; GGUF export supports "
+            f"{SUPPORTED_TOKENIZERS}"
+        )
     return tok
 
 
@@ -199,19 +205,27 @@ def add_tokenizer(writer: Any, model_dir: Path, vocab_size: int) -> VocabInfo:
     spec = json.loads(tok.backend_tokenizer.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
-        raise ExportError(f"the tokenizer in {model_dir} is a {model.get('type')} tokenizer; GGUF export supports "
-                          f"{SUPPORTED_TOKENIZERS}")
+        raise ExportError(
+            f"the tokenizer in {model_dir} is a {model.get('type')} tokenizer; GGUF export supports "
+            f"{SUPPORTED_TOKENIZERS}"
+        )
     if len(tok) > vocab_size:
-        raise ExportError(f"the tokenizer has {len(tok)} tokens but the model's vocab_size is {vocab_size}: "
-                          "resize the model's embeddings before exporting")
+        raise ExportError(
+            f"the tokenizer has {len(tok)} tokens but the model's vocab_size is {vocab_size}: "
+            "resize the model's embeddings before exporting"
+        )
 
-    byte_level = any(s.get("type") == "ByteLevel" for s in _flatten(spec.get("pre_tokenizer")) + _flatten(spec.get("decoder")))
+    byte_level = any(
+        s.get("type") == "ByteLevel" for s in _flatten(spec.get("pre_tokenizer")) + _flatten(spec.get("decoder"))
+    )
     info = VocabInfo(model="gpt2" if byte_level else "llama", pre=None, size=vocab_size)
     if byte_level:
         info.pre = detect_pre(spec.get("pre_tokenizer"))
         if info.pre == "default":
-            info.warnings.append("unrecognised byte-level pre-tokenizer: written as 'default'; llama.cpp may split "
-                                 "some text differently from transformers")
+            info.warnings.append(
+                "unrecognised byte-level pre-tokenizer: written as 'default'; llama.cpp may split "
+                "some text differently from transformers"
+            )
         tokens, types = _byte_level_tokens(tok, vocab_size)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(info.pre)
@@ -226,11 +240,14 @@ def add_tokenizer(writer: Any, model_dir: Path, vocab_size: int) -> VocabInfo:
         writer.add_token_types(types)
         prepend = any(s.get("type") == "Prepend" for s in _flatten(spec.get("normalizer"))) or any(
             s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never"
-            for s in _flatten(spec.get("pre_tokenizer")))
+            for s in _flatten(spec.get("pre_tokenizer"))
+        )
         writer.add_add_space_prefix(prepend)
     else:
-        raise ExportError(f"the BPE tokenizer in {model_dir} is neither byte-level nor byte-fallback; GGUF export "
-                          f"supports {SUPPORTED_TOKENIZERS}")
+        raise ExportError(
+            f"the BPE tokenizer in {model_dir} is neither byte-level nor byte-fallback; GGUF export "
+            f"supports {SUPPORTED_TOKENIZERS}"
+        )
 
     merges = _merges(model)
     if merges:

@@ -107,13 +107,23 @@ class Improve:
     """The loop for one agent. `make_agent(policy)` returns an agent; `grade(task, answer)` says right or
     wrong; tasks have `task_id`, `query` and `answer` (the reference the host knows)."""
 
-    def __init__(self, make_agent: AgentFactory, train_tasks: list[Any], eval_tasks: list[Any],
-                 grade: Callable[[Any, str], bool], config: ImproveConfig, *, on_stage: Stage | None = None,
-                 on_progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        make_agent: AgentFactory,
+        train_tasks: list[Any],
+        eval_tasks: list[Any],
+        grade: Callable[[Any, str], bool],
+        config: ImproveConfig,
+        *,
+        on_stage: Stage | None = None,
+        on_progress: Progress | None = None,
+    ) -> None:
         overlap = {t.task_id for t in train_tasks} & {t.task_id for t in eval_tasks}
         if overlap:
-            raise ImproveError(f"{len(overlap)} tasks are both train and held-out (e.g. {sorted(overlap)[0]}): "
-                               "the eval would measure memory, not improvement")
+            raise ImproveError(
+                f"{len(overlap)} tasks are both train and held-out (e.g. {sorted(overlap)[0]}): "
+                "the eval would measure memory, not improvement"
+            )
         self.make_agent, self.grade, self.cfg = make_agent, grade, config
         self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
         self.on_stage = on_stage or (lambda s, m: None)
@@ -124,8 +134,10 @@ class Improve:
     # -- the rounds --------------------------------------------------------------------------------
     def run(self) -> list[RoundResult]:
         self.out.mkdir(parents=True, exist_ok=True)
-        _write_json(self.out / "improve.json", {"config": asdict(self.cfg), "train_tasks": len(self.train_tasks),
-                                                "eval_tasks": len(self.eval_tasks)})
+        _write_json(
+            self.out / "improve.json",
+            {"config": asdict(self.cfg), "train_tasks": len(self.train_tasks), "eval_tasks": len(self.eval_tasks)},
+        )
         base = self.base_outcomes()
         results = []
         for r in range(1, self.cfg.rounds + 1):
@@ -154,7 +166,9 @@ class Improve:
         marker = self.out / f"round-{r}" / "collect.json"
         if marker.exists():
             done = json.loads(marker.read_text())
-            self.on_stage("collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)")
+            self.on_stage(
+                "collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)"
+            )
             return done["runs"], done["right"]
         from flowrl.capture import hook_into_agent
         from flowrl.evaluate.agent import run_tasks
@@ -172,16 +186,27 @@ class Improve:
         try:
             import asyncio
 
-            outcomes = asyncio.run(run_tasks(agent, runs, self.grade, run=run, concurrency=self.cfg.concurrency,
-                                             on_done=lambda n: self.on_progress("collect", n, len(runs))))
+            outcomes = asyncio.run(
+                run_tasks(
+                    agent,
+                    runs,
+                    self.grade,
+                    run=run,
+                    concurrency=self.cfg.concurrency,
+                    on_done=lambda n: self.on_progress("collect", n, len(runs)),
+                )
+            )
         finally:
             hook.flush()
             hook.unhook()
         self.annotate(store, r)
         right = sum(outcomes.values())
         _write_json(marker, {"runs": len(runs), "right": right, "written": hook.stats.written})
-        self.on_stage("collect", f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
-                                 f"{right} right ({right / max(1, len(runs)):.1%})")
+        self.on_stage(
+            "collect",
+            f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
+            f"{right} right ({right / max(1, len(runs)):.1%})",
+        )
         return len(runs), right
 
     def annotate(self, store: Any, r: int) -> None:
@@ -190,7 +215,7 @@ class Improve:
         for trace in store.iter_traces():
             if not trace.session_id.startswith(prefix):
                 continue
-            task = self.by_id.get(trace.session_id[len(prefix):].rsplit("#", 1)[0])
+            task = self.by_id.get(trace.session_id[len(prefix) :].rsplit("#", 1)[0])
             if task is None or trace.metadata.get("reference_answer") == task.answer:
                 continue
             trace.metadata["reference_answer"] = task.answer
@@ -211,16 +236,24 @@ class Improve:
         store = self.store()
         with RewardEngine() as engine:
             score_store(store, engine)
-        traces = [t for t in store.iter_traces() if t.session_id.startswith("improve-r")
-                  and int(t.session_id.split("-", 2)[1][1:]) <= r]
+        traces = [
+            t
+            for t in store.iter_traces()
+            if t.session_id.startswith("improve-r") and int(t.session_id.split("-", 2)[1][1:]) <= r
+        ]
         right = [t for t in traces if (t.rewards or {}).get("reference_answer") == 1.0]
         if not right:
-            raise ImproveError(f"round {r}: no run was graded right in {len(traces)} runs, so there is nothing to "
-                               "learn from: raise --samples or --temperature, or use easier --train-tasks")
+            raise ImproveError(
+                f"round {r}: no run was graded right in {len(traces)} runs, so there is nothing to "
+                "learn from: raise --samples or --temperature, or use easier --train-tasks"
+            )
         for t in traces:  # the grade is the label: what rejection sampling selects on
             t.label, t.label_source = t in right, "engine"
-        done: dict[str, Any] = {"n_selected": len(right) if self.cfg.method == "sft" else len(traces),
-                                "n_right": len(right), "n_runs": len(traces)}
+        done: dict[str, Any] = {
+            "n_selected": len(right) if self.cfg.method == "sft" else len(traces),
+            "n_right": len(right),
+            "n_runs": len(traces),
+        }
         chosen = right if self.cfg.method == "sft" else traces
         self.build(folder / "data-selected", chosen)
         done["selected"] = "data-selected"
@@ -232,8 +265,11 @@ class Improve:
             self.build(folder / "data-control", control, method="sft")
             done["control"] = "data-control"
         _write_json(marker, done)
-        self.on_stage("select", f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
-                                f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""))
+        self.on_stage(
+            "select",
+            f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
+            f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""),
+        )
         return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
@@ -244,7 +280,8 @@ class Improve:
         options: dict[str, Any] = {"select": "label"} if method == "sft" else {}
         builder = make_builder(method, **options)
         DatasetPipeline(builder, val_fraction=0.0, filters=None).build(
-            [t.model_copy(update={"label_source": "manual"}) for t in traces], out, overwrite=True)
+            [t.model_copy(update={"label_source": "manual"}) for t in traces], out, overwrite=True
+        )
 
     # -- 4. train --------------------------------------------------------------------------------------
     def train(self, out: Path, dataset: Path) -> Path:
@@ -253,13 +290,24 @@ class Improve:
             return out
         from flowrl.train import TrainingConfig, TrainingPipeline
 
-        cfg = TrainingConfig(method=self.cfg.method if "control" not in out.name else "sft", dataset=dataset,
-                             base_model=self.cfg.base_model, output_dir=out, max_steps=self.cfg.max_steps or -1,
-                             num_train_epochs=self.cfg.epochs, learning_rate=self.cfg.learning_rate,
-                             progress_bar=False, overwrite=True, seed=self.cfg.seed)
+        cfg = TrainingConfig(
+            method=self.cfg.method if "control" not in out.name else "sft",
+            dataset=dataset,
+            base_model=self.cfg.base_model,
+            output_dir=out,
+            max_steps=self.cfg.max_steps or -1,
+            num_train_epochs=self.cfg.epochs,
+            learning_rate=self.cfg.learning_rate,
+            progress_bar=False,
+            overwrite=True,
+            seed=self.cfg.seed,
+        )
         result = TrainingPipeline(cfg).run()
-        self.on_stage("train", f"{out.relative_to(self.out)}: {result.global_step} steps, "
-                               f"loss {result.last_metrics.get('loss', float('nan')):.3f}")
+        self.on_stage(
+            "train",
+            f"{out.relative_to(self.out)}: {result.global_step} steps, "
+            f"loss {result.last_metrics.get('loss', float('nan')):.3f}",
+        )
         return out
 
     # -- 5. eval ----------------------------------------------------------------------------------------
@@ -267,10 +315,15 @@ class Improve:
         from flowrl.evaluate.agent import run_arms
 
         policy = Policy(self.cfg.base_model, adapter, self.cfg.eval_temperature, self.cfg.seed)
-        outcomes = run_arms({name: lambda: self.make_agent(policy)}, self.eval_tasks, self.grade,
-                            concurrency=self.cfg.concurrency, store_root=self.out / "eval-traces",
-                            hook_options=self.cfg.hook_options,
-                            on_progress=lambda a, d, t: self.on_progress(f"eval {a}", d, t))
+        outcomes = run_arms(
+            {name: lambda: self.make_agent(policy)},
+            self.eval_tasks,
+            self.grade,
+            concurrency=self.cfg.concurrency,
+            store_root=self.out / "eval-traces",
+            hook_options=self.cfg.hook_options,
+            on_progress=lambda a, d, t: self.on_progress(f"eval {a}", d, t),
+        )
         return {tid: arms[name] for tid, arms in outcomes.items()}
 
     def base_outcomes(self) -> dict[str, bool]:
@@ -333,7 +386,13 @@ class _Sample:
         return self.task.answer
 
 
-def improve(make_agent: AgentFactory, train_tasks: list[Any], eval_tasks: list[Any], grade: Callable[[Any, str], bool],
-            config: ImproveConfig, **callbacks: Any) -> list[RoundResult]:
+def improve(
+    make_agent: AgentFactory,
+    train_tasks: list[Any],
+    eval_tasks: list[Any],
+    grade: Callable[[Any, str], bool],
+    config: ImproveConfig,
+    **callbacks: Any,
+) -> list[RoundResult]:
     """The loop for your own agent (see the module docstring); returns one result per round."""
     return Improve(make_agent, train_tasks, eval_tasks, grade, config, **callbacks).run()

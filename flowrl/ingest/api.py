@@ -43,9 +43,15 @@ class _Writer:
         self.flush()
 
 
-def ingest_paths(paths: Iterable[Path | str], store: Any = None, *, redactor: Redactor | None = None,
-                 live_idle_s: float = LIVE_IDLE_S, on_file: Callable[[Source], None] | None = None,
-                 batch_size: int = 256) -> IngestSummary:
+def ingest_paths(
+    paths: Iterable[Path | str],
+    store: Any = None,
+    *,
+    redactor: Redactor | None = None,
+    live_idle_s: float = LIVE_IDLE_S,
+    on_file: Callable[[Source], None] | None = None,
+    batch_size: int = 256,
+) -> IngestSummary:
     """Ingest everything under `paths` into `store` (default: `TraceStore.default()`). Returns the summary.
 
     A run already stored from a poorer file (a checkpoint read before its obs file) is upgraded in place
@@ -57,8 +63,7 @@ def ingest_paths(paths: Iterable[Path | str], store: Any = None, *, redactor: Re
     store = store if store is not None else TraceStore.default()
     writer = _Writer(store, batch_size)
     upgrade = StoreUpgrader(store, before=writer.flush) if callable(getattr(store, "modify", None)) else None
-    engine = Ingestor(exists=store.exists, upgrade=upgrade, redactor=redactor, live_idle_s=live_idle_s,
-                      on_file=on_file)
+    engine = Ingestor(exists=store.exists, upgrade=upgrade, redactor=redactor, live_idle_s=live_idle_s, on_file=on_file)
     t0 = time.perf_counter()
     try:
         for trace in engine.run([Path(p) for p in paths], exclude=[store.root]):
@@ -81,7 +86,9 @@ class CheckpointLoader:
 
     def __init__(self, *paths: Path | str, redactor: Redactor | None = None, live_idle_s: float = LIVE_IDLE_S) -> None:
         if not paths:
-            raise IngestError("CheckpointLoader needs at least one path (a data dir, Agents/ dir, checkpoint dir or file)")
+            raise IngestError(
+                "CheckpointLoader needs at least one path (a data dir, Agents/ dir, checkpoint dir or file)"
+            )
         self.paths = [Path(p).expanduser() for p in paths]
         self.redactor = redactor
         self.live_idle_s = live_idle_s

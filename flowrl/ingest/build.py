@@ -52,16 +52,24 @@ def _tools(seg: Segment) -> tuple[list[ToolCallTrace], list[ReasoningStep]]:
         args = parse_arguments(call.arguments if call.arguments else rec.get("args_summary", ""))
         if call.name == THINK:
             thought = args.get("thought", "") if isinstance(args, dict) else str(args)
-            reasoning.append(ReasoningStep(step_type="internal_reasoning", content=f"THOUGHT: {thought}\nASSESSMENT: {result}"))
+            reasoning.append(
+                ReasoningStep(step_type="internal_reasoning", content=f"THOUGHT: {thought}\nASSESSMENT: {result}")
+            )
             continue
         failed = bool(tool_failed(result, success=False if rec.get("status") == "error" else None))
         duration = _num(rec.get("duration_s"))
-        calls.append(ToolCallTrace(
-            tool_name=call.name, arguments=args, result=result, success=not failed,
-            duration_ms=round((duration or 0.0) * 1000.0, 3),
-            error=(str(rec.get("error") or "") or result[:_ERROR_CHARS]) if failed else None,
-            timestamp=ts(rec.get("t_start")) or "", call_id=call.call_id or None,
-        ))
+        calls.append(
+            ToolCallTrace(
+                tool_name=call.name,
+                arguments=args,
+                result=result,
+                success=not failed,
+                duration_ms=round((duration or 0.0) * 1000.0, 3),
+                error=(str(rec.get("error") or "") or result[:_ERROR_CHARS]) if failed else None,
+                timestamp=ts(rec.get("t_start")) or "",
+                call_id=call.call_id or None,
+            )
+        )
     return calls, reasoning
 
 
@@ -72,9 +80,15 @@ def _llm(seg_steps: list[dict[str, Any]]) -> list[LLMCall]:
         if not isinstance(llm, dict):
             continue
         latency = _num(llm.get("duration_s"))
-        out.append(LLMCall(model=llm.get("model") or None, tokens_in=_int(llm.get("tokens_in")),
-                           tokens_out=_int(llm.get("tokens_out")), latency_ms=None if latency is None else round(latency * 1000.0, 3),
-                           output=llm.get("output_text")))
+        out.append(
+            LLMCall(
+                model=llm.get("model") or None,
+                tokens_in=_int(llm.get("tokens_in")),
+                tokens_out=_int(llm.get("tokens_out")),
+                latency_ms=None if latency is None else round(latency * 1000.0, 3),
+                output=llm.get("output_text"),
+            )
+        )
     return out
 
 
@@ -95,8 +109,9 @@ class _Tasks(TypedDict):
     tasks_failed: list[dict[str, Any]]
 
 
-def _tasks(run_id: str | None, query: str, success: bool | None, answer: str, iterations: int | None,
-           status: str | None) -> _Tasks:
+def _tasks(
+    run_id: str | None, query: str, success: bool | None, answer: str, iterations: int | None, status: str | None
+) -> _Tasks:
     """toolboxv2's rl-module task fields, so its rewards find what they look for."""
     task = {"task_id": run_id or "", "type": "execution_run", "description": query}
     out: _Tasks = {"tasks_created": [{**task, "timestamp": ""}], "tasks_completed": [], "tasks_failed": []}
@@ -108,8 +123,17 @@ def _tasks(run_id: str | None, query: str, success: bool | None, answer: str, it
     return out
 
 
-def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: Source, query: str, answer: str | None,
-                 checkpoint: Checkpoint | None = None, turn: ChatTurn | None = None) -> ExecutionTrace:
+def from_segment(
+    run: RunView,
+    seg: Segment,
+    *,
+    trace_id: str,
+    source: Source,
+    query: str,
+    answer: str | None,
+    checkpoint: Checkpoint | None = None,
+    turn: ChatTurn | None = None,
+) -> ExecutionTrace:
     single = len(run.segments) == 1
     steps = seg.steps if seg.steps is not None else []
     llm_calls = _llm(steps)
@@ -118,8 +142,9 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: Source, q
     finished = seg.answer is not None and (run.finished or seg.index < len(run.segments) - 1)
     status = "completed" if finished else run.status
     final = answer if answer is not None else (seg.answer or "")
-    success = reported_success(answers=(final, seg.answer), status=status,
-                               final_answer_success=seg.success if finished else None)
+    success = reported_success(
+        answers=(final, seg.answer), status=status, final_answer_success=seg.success if finished else None
+    )
     if single and run.finished:
         tokens_in, tokens_out = _int(data.get("total_tokens_in")), _int(data.get("total_tokens_out"))
         duration = _num(data.get("duration_s"))
@@ -132,11 +157,17 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: Source, q
         known_s, known_e = [v for v in starts if v], [v for v in ends if v]
         duration_ms = round((max(known_e) - min(known_s)) * 1000.0, 3) if known_s and known_e else None
     first_step = next((_num(s.get("t_start")) for s in steps if _num(s.get("t_start"))), None)
-    timestamp = ts(first_step) or (ts(data.get("t_start")) if seg.index == 0 else None) or \
-        (checkpoint.timestamp if checkpoint else None)
+    timestamp = (
+        ts(first_step)
+        or (ts(data.get("t_start")) if seg.index == 0 else None)
+        or (checkpoint.timestamp if checkpoint else None)
+    )
     meta: dict[str, Any] = {
-        "segment": seg.index, "segments": len(run.segments), "auto_resumed": seg.index > 0,
-        "transcript": run.transcript_source, run.kind + "_file": run.path.name,
+        "segment": seg.index,
+        "segments": len(run.segments),
+        "auto_resumed": seg.index > 0,
+        "transcript": run.transcript_source,
+        run.kind + "_file": run.path.name,
     }
     for key in ("parent_run_id", "persona", "skills_matched", "files_modified"):
         if data.get(key):
@@ -148,12 +179,24 @@ def from_segment(run: RunView, seg: Segment, *, trace_id: str, source: Source, q
     if answer is not None and seg.answer is not None and answer.strip() != seg.answer.strip():
         meta["final_answer_argument"] = seg.answer
     trace = ExecutionTrace(
-        trace_id=trace_id, session_id=(turn.session_id if turn else run.session_id) or "default",
-        timestamp=timestamp or datetime.now().isoformat(), user_query=query, tool_calls=tool_calls,
-        reasoning_steps=reasoning, final_response=final, total_tokens_in=tokens_in, total_tokens_out=tokens_out,
-        execution_duration_ms=duration_ms, llm_calls_count=len(llm_calls) if steps else None,
-        agent_name=(checkpoint.agent if checkpoint else run.agent), run_id=run.run_id, source=source,
-        success=success, status=status, messages=canonical_messages(run.messages[: seg.end]), llm_calls=llm_calls,
+        trace_id=trace_id,
+        session_id=(turn.session_id if turn else run.session_id) or "default",
+        timestamp=timestamp or datetime.now().isoformat(),
+        user_query=query,
+        tool_calls=tool_calls,
+        reasoning_steps=reasoning,
+        final_response=final,
+        total_tokens_in=tokens_in,
+        total_tokens_out=tokens_out,
+        execution_duration_ms=duration_ms,
+        llm_calls_count=len(llm_calls) if steps else None,
+        agent_name=(checkpoint.agent if checkpoint else run.agent),
+        run_id=run.run_id,
+        source=source,
+        success=success,
+        status=status,
+        messages=canonical_messages(run.messages[: seg.end]),
+        llm_calls=llm_calls,
         metadata={"flowagent": meta},
         **_tasks(run.run_id, query, success, final, len(steps) or None, status),
     )
@@ -164,15 +207,25 @@ def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> Execu
     """A turn known only from chat_history: text in, text out; no tools, tokens or success (an error answer
     aside: `flowrl.facts.reported_success`)."""
     answer = turn.answer or ""
-    meta: dict[str, Any] = {"checkpoint": checkpoint.path.name, "checkpoint_kind": checkpoint.kind,
-                            "transcript": "chat_history", "history_index": turn.index}
+    meta: dict[str, Any] = {
+        "checkpoint": checkpoint.path.name,
+        "checkpoint_kind": checkpoint.kind,
+        "transcript": "chat_history",
+        "history_index": turn.index,
+    }
     if turn.tool_messages:
         meta["tool_messages_in_history"] = turn.tool_messages
     return ExecutionTrace(
-        trace_id=trace_id, session_id=turn.session_id or "default",
+        trace_id=trace_id,
+        session_id=turn.session_id or "default",
         timestamp=valid_time(turn.timestamp) or checkpoint.timestamp or datetime.now().isoformat(),
-        user_query=turn.query, final_response=answer, agent_name=checkpoint.agent, run_id=turn.run_id,
-        source="checkpoint", success=reported_success(answers=(answer,), status="completed"), status="completed",
+        user_query=turn.query,
+        final_response=answer,
+        agent_name=checkpoint.agent,
+        run_id=turn.run_id,
+        source="checkpoint",
+        success=reported_success(answers=(answer,), status="completed"),
+        status="completed",
         messages=[{"role": "user", "content": turn.query}, {"role": "assistant", "content": answer}],
         metadata={"flowagent": meta},
         **_tasks(turn.run_id, turn.query, None, answer, None, "completed"),
@@ -185,8 +238,9 @@ def rejoined(stored: ExecutionTrace, run: RunView, seg: Segment, *, source: Sour
     and `source="checkpoint"`, as `from_segment` joins a checkpoint turn to its run."""
     if stored.source != "checkpoint":
         return from_segment(run, seg, trace_id=stored.trace_id, source=source, query=seg.query or "", answer=None)
-    trace = from_segment(run, seg, trace_id=stored.trace_id, source="checkpoint", query=seg.query or "",
-                         answer=stored.final_response)
+    trace = from_segment(
+        run, seg, trace_id=stored.trace_id, source="checkpoint", query=seg.query or "", answer=stored.final_response
+    )
     name = (stored.metadata.get("flowagent") or {}).get("checkpoint")
     if name:
         trace.metadata["flowagent"]["checkpoint"] = name

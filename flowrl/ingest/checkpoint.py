@@ -102,8 +102,9 @@ def load_checkpoint(path: Path, raw: bytes | None = None) -> Checkpoint:
         from flowrl.ingest.checkpoint_v1 import read_v1
 
         return read_v1(path, obj)
-    raise IngestError(f"{path}: not a FlowAgent checkpoint (the pickle holds a {type(obj).__name__}, "
-                      f"not an AgentCheckpoint)")
+    raise IngestError(
+        f"{path}: not a FlowAgent checkpoint (the pickle holds a {type(obj).__name__}, not an AgentCheckpoint)"
+    )
 
 
 def _role(m: Any) -> str:
@@ -120,8 +121,9 @@ def split_turns(history: SessionHistory) -> Iterator[ChatTurn]:
     msgs = [m for m in history.messages if isinstance(m, dict)]
     # A history at its cap (or one that starts in the middle of a turn) may have lost its oldest
     # messages: its first run-id group might have started earlier, as an auto-resumed run.
-    truncated = bool(msgs) and (_role(msgs[0]) != "user" or
-                                (history.max_history is not None and len(history.messages) >= history.max_history))
+    truncated = bool(msgs) and (
+        _role(msgs[0]) != "user" or (history.max_history is not None and len(history.messages) >= history.max_history)
+    )
     head_run: str | None = None
     if truncated:
         for m in msgs:
@@ -137,8 +139,13 @@ def split_turns(history: SessionHistory) -> Iterator[ChatTurn]:
         if _role(msgs[i]) != "user":
             i += 1
             continue
-        turn = ChatTurn(session_id=history.session_id, index=i, query=text_of(msgs[i].get("content")),
-                        answer=None, timestamp=time_text(msgs[i].get("timestamp")))
+        turn = ChatTurn(
+            session_id=history.session_id,
+            index=i,
+            query=text_of(msgs[i].get("content")),
+            answer=None,
+            timestamp=time_text(msgs[i].get("timestamp")),
+        )
         j = i + 1
         while j < len(msgs) and _role(msgs[j]) != "user":
             m = msgs[j]

@@ -30,8 +30,9 @@ def read_v1(path: Path, cp: V1Checkpoint) -> Checkpoint:
     agent = metadata.get("agent_name") or amd.get("name") or path.parent.name
     session_data = state.get("session_data") or {}
     if not isinstance(session_data, dict):
-        raise IngestError(f"{path}: unexpected V1 checkpoint structure: session_data is a "
-                          f"{type(session_data).__name__}, not a dict")
+        raise IngestError(
+            f"{path}: unexpected V1 checkpoint structure: session_data is a {type(session_data).__name__}, not a dict"
+        )
     sessions: list[SessionHistory] = []
     for sid, info in session_data.items():
         history = info.get("history") if isinstance(info, dict) else None
@@ -43,5 +44,12 @@ def read_v1(path: Path, cp: V1Checkpoint) -> Checkpoint:
             sessions.append(SessionHistory(str(metadata.get("session_id") or "default"), conversation))
     version = str(metadata.get("checkpoint_version") or "1")
     timestamp, note = checkpoint_time(path, state.get("timestamp"))
-    return Checkpoint(path=path, kind="v1", agent=str(agent), timestamp=timestamp, version=version, sessions=sessions,
-                      notes=[note] if note else [])
+    return Checkpoint(
+        path=path,
+        kind="v1",
+        agent=str(agent),
+        timestamp=timestamp,
+        version=version,
+        sessions=sessions,
+        notes=[note] if note else [],
+    )

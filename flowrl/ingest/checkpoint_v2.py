@@ -37,19 +37,24 @@ def read_v2(path: Path, cp: V2Checkpoint) -> Checkpoint:
         version = _missing("version", path, "2.0")
     version = str(version)
     if version.split(".")[0] != SUPPORTED_MAJOR:
-        raise IngestError(f"{path}: unsupported checkpoint version {version!r}: this flowrl reads version 2.x "
-                          f"(and V1 checkpoints by their class)")
+        raise IngestError(
+            f"{path}: unsupported checkpoint version {version!r}: this flowrl reads version 2.x "
+            f"(and V1 checkpoints by their class)"
+        )
     agent = state.get("agent_name") or _missing("agent_name", path, path.parent.name)
     sessions_data = state.get("sessions_data")
     if sessions_data is None:
         sessions_data = _missing("sessions_data", path, {})
     if not isinstance(sessions_data, dict):
-        raise IngestError(f"{path}: unexpected checkpoint structure: sessions_data is a "
-                          f"{type(sessions_data).__name__}, not a dict")
+        raise IngestError(
+            f"{path}: unexpected checkpoint structure: sessions_data is a {type(sessions_data).__name__}, not a dict"
+        )
     sessions = sessions_data.get("sessions") or {}
     if not isinstance(sessions, dict):
-        raise IngestError(f"{path}: unexpected checkpoint structure: sessions_data['sessions'] is a "
-                          f"{type(sessions).__name__}, not a dict")
+        raise IngestError(
+            f"{path}: unexpected checkpoint structure: sessions_data['sessions'] is a "
+            f"{type(sessions).__name__}, not a dict"
+        )
     default_max = sessions_data.get("default_max_history")
     out: list[SessionHistory] = []
     for sid, session in sessions.items():
@@ -61,8 +66,18 @@ def read_v2(path: Path, cp: V2Checkpoint) -> Checkpoint:
             log.warning("flowrl: %s: session %r chat_history is not a list; skipped", path, sid)
             continue
         max_history = session.get("max_history", default_max)
-        out.append(SessionHistory(str(session.get("session_id") or sid), history,
-                                  max_history if isinstance(max_history, int) else None))
+        out.append(
+            SessionHistory(
+                str(session.get("session_id") or sid), history, max_history if isinstance(max_history, int) else None
+            )
+        )
     timestamp, note = checkpoint_time(path, state.get("timestamp"))
-    return Checkpoint(path=path, kind="v2", agent=str(agent), timestamp=timestamp, version=version, sessions=out,
-                      notes=[note] if note else [])
+    return Checkpoint(
+        path=path,
+        kind="v2",
+        agent=str(agent),
+        timestamp=timestamp,
+        version=version,
+        sessions=out,
+        notes=[note] if note else [],
+    )

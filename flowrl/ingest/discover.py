@@ -32,8 +32,19 @@ from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
 
 CHECKPOINT, OBS, LIVE, TRACE = "checkpoint", "obs", "live", "trace"
 _DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_PRUNE = {".staging", ".git", "__pycache__", "node_modules", "site-packages", ".venv", ".venv-toolbox", ".tox",
-          ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+_PRUNE = {
+    ".staging",
+    ".git",
+    "__pycache__",
+    "node_modules",
+    "site-packages",
+    ".venv",
+    ".venv-toolbox",
+    ".tox",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,7 @@ def walk(directory: Path, exclude: Iterable[Path] = (), skip_files: frozenset[Pa
     excluded = {Path(os.path.abspath(p)) for p in exclude}
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
         here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in _PRUNE and Path(os.path.abspath(here / d)) not in excluded)
+        dirnames[:] = sorted(d for d in dirnames if d not in _PRUNE and Path(os.path.abspath(here / d)) not in excluded)
         for name in sorted(filenames):
             path = here / name
             kind = classify(path)

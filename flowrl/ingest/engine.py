@@ -87,9 +87,16 @@ class Ingestor:
     """Turns sources into new traces. `exists(trace_id)` (the store's) makes re-runs add nothing;
     `upgrade` (`upgrade.StoreUpgrader`) lets a richer file upgrade a stored trace instead of being dropped."""
 
-    def __init__(self, *, exists: Callable[[str], bool] | None = None, upgrade: Upgrade | None = None,
-                 redactor: Redactor | None = None, live_idle_s: float = LIVE_IDLE_S,
-                 clock: Callable[[], float] = time.time, on_file: Callable[[Source], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        exists: Callable[[str], bool] | None = None,
+        upgrade: Upgrade | None = None,
+        redactor: Redactor | None = None,
+        live_idle_s: float = LIVE_IDLE_S,
+        clock: Callable[[], float] = time.time,
+        on_file: Callable[[Source], None] | None = None,
+    ) -> None:
         self.summary = IngestSummary()
         self.runs = RunIndex()
         # trace id -> how rich (`upgrade.richness`) what is stored under it is known to be, at least
@@ -151,8 +158,10 @@ class Ingestor:
             raise
         except Exception as exc:
             log.warning("flowrl: reading %s failed", printable(str(src.path)), exc_info=True)
-            raise IngestError(f"{src.path}: flowrl failed on this file ({type(exc).__name__}: {exc}); the rest "
-                              f"is ingested; please report it with the file") from exc
+            raise IngestError(
+                f"{src.path}: flowrl failed on this file ({type(exc).__name__}: {exc}); the rest "
+                f"is ingested; please report it with the file"
+            ) from exc
 
     def _read(self, src: Source, raw: bytes | None) -> Iterator[ExecutionTrace]:
         if src.kind == CHECKPOINT:
@@ -192,8 +201,9 @@ class Ingestor:
                 trace = self._turn(cp, turn)
                 if trace is not None:
                     yield trace
-            self._sessions[key] = _SessionSeen(fp, self.runs.generation, self.summary.read - read0,
-                                               self.summary.skip_reasons - reasons0)
+            self._sessions[key] = _SessionSeen(
+                fp, self.runs.generation, self.summary.read - read0, self.summary.skip_reasons - reasons0
+            )
 
     def _turn(self, cp: Checkpoint, turn: ChatTurn) -> ExecutionTrace | None:
         self.summary.read += 1
@@ -204,20 +214,36 @@ class Ingestor:
         seg = match_segment(run, turn) if run is not None else None
         if run is not None and seg is not None and seg.query is not None:
             query = seg.query
-            tid = turn_id(cp.agent, turn.session_id, turn.run_id, query, seg.answer if seg.answer is not None else turn.answer)
-            return self._offer(tid, lambda: from_segment(run, seg, trace_id=tid, source="checkpoint", query=query,
-                                                         answer=turn.answer, checkpoint=cp, turn=turn),
-                               rank=transcript_rank(run.transcript_source))
+            tid = turn_id(
+                cp.agent, turn.session_id, turn.run_id, query, seg.answer if seg.answer is not None else turn.answer
+            )
+            return self._offer(
+                tid,
+                lambda: from_segment(
+                    run,
+                    seg,
+                    trace_id=tid,
+                    source="checkpoint",
+                    query=query,
+                    answer=turn.answer,
+                    checkpoint=cp,
+                    turn=turn,
+                ),
+                rank=transcript_rank(run.transcript_source),
+            )
         if turn.run_id is not None and turn.occurrence > 0:
-            self._skip("auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
-                       "(chat_history repeats the original query)")
+            self._skip(
+                "auto-resumed turn whose follow-up query is only in its obs/live file, which is gone "
+                "(chat_history repeats the original query)"
+            )
             return None
         slot = turn.run_id or (f"ts:{turn.timestamp}" if turn.timestamp else "")
-        tid = turn_id(cp.agent, turn.session_id, slot, turn.query, turn.answer,
-                      0 if turn.run_id else turn.occurrence)
+        tid = turn_id(cp.agent, turn.session_id, slot, turn.query, turn.answer, 0 if turn.run_id else turn.occurrence)
         if turn.run_id is not None and turn.ambiguous_head and not self._known(tid):
-            self._skip("oldest turn of a history cut at max_history: without its obs file it cannot be told "
-                       "from an auto-resumed turn")
+            self._skip(
+                "oldest turn of a history cut at max_history: without its obs file it cannot be told "
+                "from an auto-resumed turn"
+            )
             return None
         return self._offer(tid, lambda: from_chat(turn, cp, trace_id=tid), rank=transcript_rank("chat_history"))
 
@@ -249,10 +275,12 @@ class Ingestor:
             else:
                 tid = interrupted_id(run.agent, run.session_id, run.run_id, seg.query)
                 source = "live-file"
-            trace = self._offer(tid, partial(from_segment, run, seg, trace_id=tid, source=source, query=seg.query,
-                                             answer=None),
-                                rank=transcript_rank(run.transcript_source),
-                                rebuild=partial(rejoined, run=run, seg=seg, source=source))
+            trace = self._offer(
+                tid,
+                partial(from_segment, run, seg, trace_id=tid, source=source, query=seg.query, answer=None),
+                rank=transcript_rank(run.transcript_source),
+                rebuild=partial(rejoined, run=run, seg=seg, source=source),
+            )
             if trace is not None:
                 yield trace
 
@@ -295,8 +323,9 @@ class Ingestor:
         trace.facts = trace_facts(trace)  # from the redacted fields: a task key never holds a secret
         return trace
 
-    def _offer(self, trace_id: str, build: Callable[[], ExecutionTrace], *, rank: int = 0,
-               rebuild: Make | None = None) -> ExecutionTrace | None:
+    def _offer(
+        self, trace_id: str, build: Callable[[], ExecutionTrace], *, rank: int = 0, rebuild: Make | None = None
+    ) -> ExecutionTrace | None:
         """The trace to store under `trace_id`, or None: a duplicate, an upgrade done in place, or a skip.
 
         `rank`: how rich `build()` is (`upgrade.richness`); `rebuild(stored)`: the same trace built for an

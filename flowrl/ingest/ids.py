@@ -45,11 +45,24 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
-def turn_id(agent: str | None, session_id: str | None, run_id: str | None, query: str | None,
-            answer: str | None, occurrence: int = 0) -> str:
+def turn_id(
+    agent: str | None,
+    session_id: str | None,
+    run_id: str | None,
+    query: str | None,
+    answer: str | None,
+    occurrence: int = 0,
+) -> str:
     """Id of a finished user turn (checkpoint, obs run file, finished segment of a live file)."""
-    return _digest("flowagent-turn/1", agent or "", session_id or "", run_id or "", norm(query),
-                   answer_key(answer), str(occurrence))
+    return _digest(
+        "flowagent-turn/1",
+        agent or "",
+        session_id or "",
+        run_id or "",
+        norm(query),
+        answer_key(answer),
+        str(occurrence),
+    )
 
 
 def interrupted_id(agent: str | None, session_id: str | None, run_id: str | None, query: str | None) -> str:

@@ -88,10 +88,20 @@ def read_obs_run(path: Path, raw: bytes | None = None) -> RunView:
     steps = [s for s in data["steps"] if isinstance(s, dict)]
     query = text_of(data.get("query"))
     msgs = attach_records(from_steps(steps, query), steps)
-    run = RunView(run_id=data["run_id"], agent=data.get("agent_name") or agent_from_path(path),
-                  session_id=data.get("session_id"), query=query, path=path, kind="obs", status="completed",
-                  data={k: v for k, v in data.items() if k != "steps"}, messages=msgs, segments=[],
-                  transcript_source="obs-steps", steps=steps)
+    run = RunView(
+        run_id=data["run_id"],
+        agent=data.get("agent_name") or agent_from_path(path),
+        session_id=data.get("session_id"),
+        query=query,
+        path=path,
+        kind="obs",
+        status="completed",
+        data={k: v for k, v in data.items() if k != "steps"},
+        messages=msgs,
+        segments=[],
+        transcript_source="obs-steps",
+        steps=steps,
+    )
     _fill_segments(run)
     last = run.segments[-1]
     summary = data.get("final_answer_summary")
@@ -134,10 +144,21 @@ def read_live(path: Path, raw: bytes | None = None) -> RunView:
     m = LIVE_FILE_RE.match(path.name)
     run_id = str(snapshot.get("run_id") or (m.group(1) if m else path.stem))
     status = snapshot.get("status")
-    run = RunView(run_id=run_id, agent=agent_from_path(path), session_id=snapshot.get("session_id"),
-                  query=snapshot["query"], path=path, kind="live",
-                  status="interrupted" if status in (None, "running") else str(status), data={}, messages=msgs,
-                  segments=[], transcript_source="ctx_snapshot", bad_lines=bad, steps=steps)
+    run = RunView(
+        run_id=run_id,
+        agent=agent_from_path(path),
+        session_id=snapshot.get("session_id"),
+        query=snapshot["query"],
+        path=path,
+        kind="live",
+        status="interrupted" if status in (None, "running") else str(status),
+        data={},
+        messages=msgs,
+        segments=[],
+        transcript_source="ctx_snapshot",
+        bad_lines=bad,
+        steps=steps,
+    )
     _fill_segments(run)
     return run
 

@@ -22,7 +22,6 @@ class NotATrace(IngestError):
     """Valid JSON that is not a trace (ignored while walking a folder, reported when named)."""
 
 
-
 def looks_like_trace(data: object) -> bool:
     return isinstance(data, dict) and "trace_id" in data and ("user_query" in data or "messages" in data)
 

@@ -57,10 +57,18 @@ class IngestSummary:
         self.notes[reason] += n
 
     def to_dict(self) -> dict[str, Any]:
-        return {"files_read": self.files_read, "read": self.read, "new": self.new, "upgraded": self.upgraded,
-                "duplicate": self.duplicate,
-                "skipped": self.skipped, "rejected": self.rejected_count,
-                "rejected_files": [{"path": r.path, "reason": r.reason} for r in self.rejected],
-                "skip_reasons": dict(self.skip_reasons), "new_by_source": dict(self.new_by_source),
-                "notes": dict(self.notes),
-                "masked": self.masked, "seconds": round(self.seconds, 3)}
+        return {
+            "files_read": self.files_read,
+            "read": self.read,
+            "new": self.new,
+            "upgraded": self.upgraded,
+            "duplicate": self.duplicate,
+            "skipped": self.skipped,
+            "rejected": self.rejected_count,
+            "rejected_files": [{"path": r.path, "reason": r.reason} for r in self.rejected],
+            "skip_reasons": dict(self.skip_reasons),
+            "new_by_source": dict(self.new_by_source),
+            "notes": dict(self.notes),
+            "masked": self.masked,
+            "seconds": round(self.seconds, 3),
+        }

@@ -53,8 +53,12 @@ def is_resume_marker(m: dict[str, Any]) -> bool:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("role") == b.get("role") and a.get("content") == b.get("content") and \
-        a.get("tool_calls") == b.get("tool_calls") and a.get("tool_call_id") == b.get("tool_call_id")
+    return (
+        a.get("role") == b.get("role")
+        and a.get("content") == b.get("content")
+        and a.get("tool_calls") == b.get("tool_calls")
+        and a.get("tool_call_id") == b.get("tool_call_id")
+    )
 
 
 def call_ids(msgs: list[dict[str, Any]]) -> list[str]:
@@ -62,7 +66,9 @@ def call_ids(msgs: list[dict[str, Any]]) -> list[str]:
 
 
 def _calls_final(m: dict[str, Any]) -> bool:
-    return m.get("role") == "assistant" and any(tool_call_parts(tc)[0] == FINAL_ANSWER for tc in m.get("tool_calls") or [])
+    return m.get("role") == "assistant" and any(
+        tool_call_parts(tc)[0] == FINAL_ANSWER for tc in m.get("tool_calls") or []
+    )
 
 
 def _inputs(step: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,8 +78,9 @@ def _inputs(step: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _is_main(msgs: list[dict[str, Any]], query: str) -> bool:
-    return any(m.get("role") == "user" and text_of(m.get("content")) == query for m in msgs) or \
-        any(is_resume_marker(m) for m in msgs)
+    return any(m.get("role") == "user" and text_of(m.get("content")) == query for m in msgs) or any(
+        is_resume_marker(m) for m in msgs
+    )
 
 
 def _drop_per_call_system(anchor: list[dict[str, Any]], previous: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -103,7 +110,7 @@ def from_steps(steps: list[dict[str, Any]], query: str) -> list[dict[str, Any]]:
     start = next((i for i, m in enumerate(anchor) if _same(m, first)), 0)
     msgs = anchor[start:]
     finals = [i for i, m in enumerate(msgs) if _calls_final(m)]
-    if finals and not any(is_resume_marker(m) for m in msgs[finals[-1]:]):
+    if finals and not any(is_resume_marker(m) for m in msgs[finals[-1] :]):
         msgs = msgs[: finals[-1] + 1]  # what follows the run's last final_answer is the summary call's prompt
     previous = mains[pos - 1][1] if pos > 0 else None
     return dedup_tool_results(_drop_per_call_system(msgs, previous))
@@ -132,8 +139,13 @@ def step_records(steps: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]
         for rec in step.get("tool_calls") or []:
             if not isinstance(rec, dict):
                 continue
-            if rec.get("name") == THINK and not rec.get("args_summary") and out and out[-1][1].get("name") == THINK \
-                    and out[-1][1].get("result_summary") == rec.get("result_summary"):
+            if (
+                rec.get("name") == THINK
+                and not rec.get("args_summary")
+                and out
+                and out[-1][1].get("name") == THINK
+                and out[-1][1].get("result_summary") == rec.get("result_summary")
+            ):
                 continue
             out.append((pos, rec))
     return out
@@ -141,8 +153,10 @@ def step_records(steps: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]
 
 def transcript_calls(msgs: list[dict[str, Any]]) -> list[Call]:
     """The transcript's tool calls (`flowrl.transcript.transcript_calls`), ready to pair with obs records."""
-    return [Call(c.call_id or "", c.name, c.arguments if c.arguments is not None else "", c.message_index, c.result)
-            for c in _transcript_calls(msgs)]
+    return [
+        Call(c.call_id or "", c.name, c.arguments if c.arguments is not None else "", c.message_index, c.result)
+        for c in _transcript_calls(msgs)
+    ]
 
 
 def _record_arguments(summary: Any) -> str:
@@ -191,10 +205,17 @@ def attach_records(msgs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> l
         for n, rec in enumerate(recs):
             cid = f"obs-{step_id}-{n}"
             name = str(rec.get("name") or "")
-            tcs.append({"id": cid, "type": "function", "function": {"name": name,
-                                                                     "arguments": _record_arguments(rec.get("args_summary"))}})
+            tcs.append(
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {"name": name, "arguments": _record_arguments(rec.get("args_summary"))},
+                }
+            )
             if name != FINAL_ANSWER:
-                results.append({"role": "tool", "tool_call_id": cid, "name": name, "content": str(rec.get("result_summary") or "")})
+                results.append(
+                    {"role": "tool", "tool_call_id": cid, "name": name, "content": str(rec.get("result_summary") or "")}
+                )
         msgs.append({"role": "assistant", "content": None, "tool_calls": tcs})
         msgs.extend(results)
     return msgs

@@ -96,6 +96,7 @@ def _sized_refused(kind: type) -> Any:
     make.__name__ = kind.__name__
     return make
 
+
 ALLOWED: dict[tuple[str, str], Any] = {
     V2_CLASS: V2Checkpoint,
     V1_CLASS: V1Checkpoint,

@@ -110,16 +110,26 @@ class _Handler:
 class Watcher:
     """Watch `paths` and ingest into `store`. Use `run(stop)` as a service or `run_once()` from cron."""
 
-    def __init__(self, paths: Iterable[Path | str], store: TraceStore | None = None, *, debounce: float = 0.5,
-                 rescan_interval: float = 30.0, live_idle_s: float = LIVE_IDLE_S, redactor: Redactor | None = None,
-                 state_path: Path | None = None, on_message: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        paths: Iterable[Path | str],
+        store: TraceStore | None = None,
+        *,
+        debounce: float = 0.5,
+        rescan_interval: float = 30.0,
+        live_idle_s: float = LIVE_IDLE_S,
+        redactor: Redactor | None = None,
+        state_path: Path | None = None,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
         self.paths = [Path(p).expanduser() for p in paths]
         self.dirs, self.files = resolve_roots(self.paths)  # raises IngestError for a missing path
         self.store = store if store is not None else TraceStore.default()
         self.debounce = debounce
         self.rescan_interval = rescan_interval
-        self.engine = Ingestor(exists=self.store.exists, upgrade=StoreUpgrader(self.store), redactor=redactor,
-                               live_idle_s=live_idle_s)
+        self.engine = Ingestor(
+            exists=self.store.exists, upgrade=StoreUpgrader(self.store), redactor=redactor, live_idle_s=live_idle_s
+        )
         self.state_path = state_path or self.store.root / STATE_NAME
         self.files_state: dict[str, list[Any]] = {}
         self._pending: dict[Path, _Pending] = {}
@@ -142,8 +152,11 @@ class Watcher:
         except FileNotFoundError:
             self.files_state = {}
         except (OSError, orjson.JSONDecodeError) as exc:
-            log.warning("flowrl: %s is unreadable (%s); every file is read again (the store still "
-                        "refuses duplicates)", self.state_path, exc)
+            log.warning(
+                "flowrl: %s is unreadable (%s); every file is read again (the store still refuses duplicates)",
+                self.state_path,
+                exc,
+            )
             self.files_state = {}
 
     def save_state(self) -> None:
@@ -163,8 +176,10 @@ class Watcher:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             fh.close()
-            raise IngestError(f"another `flowrl watch` is already using the store {self.store.root}: "
-                              f"stop it first, or give this one its own --store") from exc
+            raise IngestError(
+                f"another `flowrl watch` is already using the store {self.store.root}: "
+                f"stop it first, or give this one its own --store"
+            ) from exc
         self._lock_fh = fh
 
     def _release(self) -> None:
@@ -319,7 +334,9 @@ class Watcher:
             new = self.summary.new - new_before
             dup = self.summary.duplicate - dup_before
             up = self.summary.upgraded - up_before
-            self._on_message(printable(f"{path}: {new} new, " + (f"{up} upgraded, " if up else "") + f"{dup} already stored"))
+            self._on_message(
+                printable(f"{path}: {new} new, " + (f"{up} upgraded, " if up else "") + f"{dup} already stored")
+            )
 
     def _done(self, path: Path, sig: tuple[int, int] | None, digest: str) -> None:
         self._pending.pop(path, None)
@@ -399,13 +416,20 @@ class Watcher:
                 observer.start()
                 return observer
             except OSError as exc:  # inotify limits, unsupported filesystem
-                log.warning("flowrl: %s could not start (%s); trying the polling observer", type(observer).__name__,
-                            exc)
+                log.warning(
+                    "flowrl: %s could not start (%s); trying the polling observer", type(observer).__name__, exc
+                )
         raise IngestError("cannot watch the given paths: neither inotify nor polling could start")
 
 
-def watch(paths: Iterable[Path | str], store: TraceStore | None = None, *, once: bool = False,
-          stop: threading.Event | None = None, **options: Any) -> IngestSummary:
+def watch(
+    paths: Iterable[Path | str],
+    store: TraceStore | None = None,
+    *,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    **options: Any,
+) -> IngestSummary:
     """Watch `paths` and ingest into `store` until `stop` is set (or one pass with `once=True`)."""
     watcher = Watcher(paths, store, **options)
     if once:

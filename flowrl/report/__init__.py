@@ -32,8 +32,10 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
     run_charts = [(r, plots.training_chart(r, out, i)) for i, r in enumerate(training)]
     eval_charts = [(p, r, plots.eval_chart(r, out, i)) for i, (p, r) in enumerate(evals)]
     groups = group_eval_files(find_eval_files(list(runs or [])))
-    success = [(g, plots.rounds_chart(g.files, out, i) if g.rounds else plots.success_chart(g.files[0], out, i))
-               for i, g in enumerate(groups)]
+    success = [
+        (g, plots.rounds_chart(g.files, out, i) if g.rounds else plots.success_chart(g.files[0], out, i))
+        for i, g in enumerate(groups)
+    ]
     page = html.render(m, charts, run_charts, eval_charts, success)
     index = out / "index.html"
     atomic_write_bytes(index, page.encode("utf-8"))

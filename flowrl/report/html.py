@@ -58,22 +58,40 @@ def _short(name: object) -> str:
 
 def eval_section(report: dict[str, Any], path: Path, chart: str | None) -> str:
     per = report.get("per_reward") or {}
-    judged = {n: v for n, v in per.items() if isinstance(v, dict)
-              and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))}
+    judged = {
+        n: v
+        for n, v in per.items()
+        if isinstance(v, dict) and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))
+    }
     unjudged = [n for n in per if n not in judged]
-    rows = [[escape(str(name)), _fmt(v.get("baseline")), _fmt(v.get("model")), _delta_cell(v.get("baseline"), v.get("model"))]
-            for name, v in judged.items()]
+    rows = [
+        [
+            escape(str(name)),
+            _fmt(v.get("baseline")),
+            _fmt(v.get("model")),
+            _delta_cell(v.get("baseline"), v.get("model")),
+        ]
+        for name, v in judged.items()
+    ]
     comb = report.get("combined") or {}
     if isinstance(comb, dict) and comb:
-        rows.append(["<b>combined</b>", _fmt(comb.get("baseline")), _fmt(comb.get("model")),
-                     _delta_cell(comb.get("baseline"), comb.get("model"))])
+        rows.append(
+            [
+                "<b>combined</b>",
+                _fmt(comb.get("baseline")),
+                _fmt(comb.get("model")),
+                _delta_cell(comb.get("baseline"), comb.get("model")),
+            ]
+        )
     title = f"{escape(_short(report.get('baseline') or 'base'))} → {escape(_short(report.get('model') or 'trained'))}"
     source = f" ({report['prompts_source']})" if report.get("prompts_source") else ""
-    return (f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} "
-            f"held-out prompts{escape(source)}</p>"
-            + _table(["reward", "base", "trained", "change"], rows)
-            + (f"<p class='muted'>could not judge these answers: {escape(', '.join(unjudged))}</p>" if unjudged else "")
-            + _img(chart, "eval chart"))
+    return (
+        f"<h3>{title}</h3><p class='muted'>{escape(str(path))}, {escape(str(report.get('n_prompts', '?')))} "
+        f"held-out prompts{escape(source)}</p>"
+        + _table(["reward", "base", "trained", "change"], rows)
+        + (f"<p class='muted'>could not judge these answers: {escape(', '.join(unjudged))}</p>" if unjudged else "")
+        + _img(chart, "eval chart")
+    )
 
 
 def _pct(x: float) -> str:
@@ -95,17 +113,51 @@ def success_section(group: EvalGroup, chart: str | None) -> str:
     """Rates with Wilson intervals, the paired comparisons against the base, and whether every figure recomputes."""
     lead = (lambda f: [str(f.round)]) if group.rounds else (lambda f: [])
     head = ["round"] if group.rounds else []
-    arm_rows = [[*lead(f), escape(arm), s["n"], s["successes"], _pct(s["rate"]), f"[{_pct(s['ci95'][0])}, {_pct(s['ci95'][1])}]"]
-                for f in group.files for arm, s in f.data["arms"].items()]
-    cmp_rows = [[*lead(f), f"{escape(c['b'])} vs {escape(c['a'])}", c["both"], c["only_a"], c["only_b"], c["neither"], _p_cell(c),
-                 _points(c["diff"], cls=True), f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]"]
-                for f in group.files for c in f.data["comparisons"]]
+    arm_rows = [
+        [
+            *lead(f),
+            escape(arm),
+            s["n"],
+            s["successes"],
+            _pct(s["rate"]),
+            f"[{_pct(s['ci95'][0])}, {_pct(s['ci95'][1])}]",
+        ]
+        for f in group.files
+        for arm, s in f.data["arms"].items()
+    ]
+    cmp_rows = [
+        [
+            *lead(f),
+            f"{escape(c['b'])} vs {escape(c['a'])}",
+            c["both"],
+            c["only_a"],
+            c["only_b"],
+            c["neither"],
+            _p_cell(c),
+            _points(c["diff"], cls=True),
+            f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]",
+        ]
+        for f in group.files
+        for c in f.data["comparisons"]
+    ]
     title = f"{escape(group.title)}: success per round" if group.rounds else escape(group.title)
     html_ = f"<h3>{title}</h3>" + _img(chart, "success rates with 95% intervals")
     html_ += _table([*head, "arm", "n", "successes", "rate", "95% CI (Wilson)"], arm_rows)
     if cmp_rows:
-        html_ += _table([*head, "paired", "both", "only base", "only arm", "neither", "McNemar exact p", "difference",
-                         "95% CI (bootstrap)"], cmp_rows)
+        html_ += _table(
+            [
+                *head,
+                "paired",
+                "both",
+                "only base",
+                "only arm",
+                "neither",
+                "McNemar exact p",
+                "difference",
+                "95% CI (bootstrap)",
+            ],
+            cmp_rows,
+        )
     return html_ + _verified(group.files)
 
 
@@ -117,52 +169,98 @@ def _verified(files: list[EvalFile]) -> str:
     return f"<p class='worse'>These figures do not recompute from the per-task outcomes:</p><ul>{items}</ul>"
 
 
-def render(m: StoreMetrics, charts: dict[str, str], runs: list[tuple[TrainingRun, str | None]],
-           evals: list[tuple[Path, dict[str, Any], str | None]],
-           success: list[tuple[EvalGroup, str | None]] | None = None) -> str:
+def render(
+    m: StoreMetrics,
+    charts: dict[str, str],
+    runs: list[tuple[TrainingRun, str | None]],
+    evals: list[tuple[Path, dict[str, Any], str | None]],
+    success: list[tuple[EvalGroup, str | None]] | None = None,
+) -> str:
     combined_mean = sum(m.combined) / len(m.combined) if m.combined else None
     good = sum(v for k, v in m.labels.items() if k.startswith("good"))
     bad = sum(v for k, v in m.labels.items() if k.startswith("bad"))
-    cards = "".join(f"<div class='card'><b>{escape(str(v))}</b><span>{escape(k)}</span></div>" for k, v in [
-        ("traces", m.traces), ("days", len(m.per_day)), ("agents", len(m.per_agent)),
-        ("mean combined reward", _fmt(combined_mean)), ("good / bad labels", f"{good} / {bad}"),
-        ("tool calls", sum(t.calls for t in m.tools.values()))])
-    parts = [f"<section><h2>Overview</h2><div class='cards'>{cards}</div>"
-             f"<p class='muted'>store: {escape(m.root)}; sources: "
-             f"{escape(', '.join(f'{k} {v}' for k, v in sorted(m.per_source.items())))}</p></section>"]
+    cards = "".join(
+        f"<div class='card'><b>{escape(str(v))}</b><span>{escape(k)}</span></div>"
+        for k, v in [
+            ("traces", m.traces),
+            ("days", len(m.per_day)),
+            ("agents", len(m.per_agent)),
+            ("mean combined reward", _fmt(combined_mean)),
+            ("good / bad labels", f"{good} / {bad}"),
+            ("tool calls", sum(t.calls for t in m.tools.values())),
+        ]
+    )
+    parts = [
+        f"<section><h2>Overview</h2><div class='cards'>{cards}</div>"
+        f"<p class='muted'>store: {escape(m.root)}; sources: "
+        f"{escape(', '.join(f'{k} {v}' for k, v in sorted(m.per_source.items())))}</p></section>"
+    ]
     if success:
-        parts.append("<section><h2>Held-out success</h2><p class='muted'>Same tasks for every arm. Error bars: Wilson 95% "
-                     "intervals; McNemar's exact test on the tasks only one arm got right; difference with a paired "
-                     "bootstrap 95% interval over tasks.</p>" + "".join(success_section(g, c) for g, c in success) + "</section>")
+        parts.append(
+            "<section><h2>Held-out success</h2><p class='muted'>Same tasks for every arm. Error bars: Wilson 95% "
+            "intervals; McNemar's exact test on the tasks only one arm got right; difference with a paired "
+            "bootstrap 95% interval over tasks.</p>" + "".join(success_section(g, c) for g, c in success) + "</section>"
+        )
     if evals:
-        parts.append("<section><h2>Before / after</h2>" + "".join(eval_section(r, p, c) for p, r, c in evals) + "</section>")
+        parts.append(
+            "<section><h2>Before / after</h2>" + "".join(eval_section(r, p, c) for p, r, c in evals) + "</section>"
+        )
     elif not success:
-        parts.append("<section><h2>Before / after</h2><p class='muted'>No eval report: run `flowrl eval` and pass its "
-                     "output dir with --run.</p></section>")
+        parts.append(
+            "<section><h2>Before / after</h2><p class='muted'>No eval report: run `flowrl eval` and pass its "
+            "output dir with --run.</p></section>"
+        )
     parts.append(f"<section><h2>Traces per day</h2>{_img(charts.get('per_day'), 'traces per day')}</section>")
-    reward_rows = [[escape(n), len(v), m.reward_none[n], _fmt(sum(v) / len(v) if v else None)] for n, v in sorted(m.rewards.items())]
+    reward_rows = [
+        [escape(n), len(v), m.reward_none[n], _fmt(sum(v) / len(v) if v else None)]
+        for n, v in sorted(m.rewards.items())
+    ]
     if reward_rows:
-        parts.append("<section><h2>Rewards</h2>" + _table(["reward", "scored", "cannot judge", "mean"], reward_rows)
-                     + _img(charts.get("rewards"), "reward distributions") + "</section>")
+        parts.append(
+            "<section><h2>Rewards</h2>"
+            + _table(["reward", "scored", "cannot judge", "mean"], reward_rows)
+            + _img(charts.get("rewards"), "reward distributions")
+            + "</section>"
+        )
     else:
-        parts.append("<section><h2>Rewards</h2><p class='muted'>No trace is scored yet: run `flowrl score`.</p></section>")
-    parts.append("<section><h2>Labels</h2>" + _table(["label", "traces"], [[escape(k), v] for k, v in sorted(m.labels.items())])
-                 + _img(charts.get("labels"), "labels") + "</section>")
-    tool_rows = [[escape(n), s.calls, s.failures, f"{100 * s.failure_rate:.0f}%"]
-                 for n, s in sorted(m.tools.items(), key=lambda kv: -kv[1].calls)]
-    parts.append("<section><h2>Tools</h2>" + _table(["tool", "calls", "failures", "failure rate"], tool_rows)
-                 + _img(charts.get("tools"), "tool usage") + "</section>")
+        parts.append(
+            "<section><h2>Rewards</h2><p class='muted'>No trace is scored yet: run `flowrl score`.</p></section>"
+        )
+    parts.append(
+        "<section><h2>Labels</h2>"
+        + _table(["label", "traces"], [[escape(k), v] for k, v in sorted(m.labels.items())])
+        + _img(charts.get("labels"), "labels")
+        + "</section>"
+    )
+    tool_rows = [
+        [escape(n), s.calls, s.failures, f"{100 * s.failure_rate:.0f}%"]
+        for n, s in sorted(m.tools.items(), key=lambda kv: -kv[1].calls)
+    ]
+    parts.append(
+        "<section><h2>Tools</h2>"
+        + _table(["tool", "calls", "failures", "failure rate"], tool_rows)
+        + _img(charts.get("tools"), "tool usage")
+        + "</section>"
+    )
     if runs:
         items = []
         for run, chart in runs:
             last = run.steps[-1] if run.steps else {}
             summary = ", ".join(f"{k} {_fmt(last.get(k))}" for k in ("loss", "reward", "kl") if k in last)
-            items.append(f"<h3>{escape(run.name)}</h3><p class='muted'>{escape(str(run.path))}: {len(run.steps)} logged steps"
-                         f"{'; last ' + escape(summary) if summary else ''}</p>{_img(chart, 'training curves')}")
+            items.append(
+                f"<h3>{escape(run.name)}</h3><p class='muted'>{escape(str(run.path))}: {len(run.steps)} logged steps"
+                f"{'; last ' + escape(summary) if summary else ''}</p>{_img(chart, 'training curves')}"
+            )
         parts.append("<section><h2>Training</h2>" + "".join(items) + "</section>")
     if m.unreadable:
-        parts.append("<section><h2>Unreadable files</h2><ul>" + "".join(f"<li>{escape(u)}</li>" for u in m.unreadable) + "</ul></section>")
+        parts.append(
+            "<section><h2>Unreadable files</h2><ul>"
+            + "".join(f"<li>{escape(u)}</li>" for u in m.unreadable)
+            + "</ul></section>"
+        )
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
-            f"<title>flowrl report</title><style>{_CSS}</style></head><body><header><h1>flowrl report</h1>"
-            f"<p>{m.traces} traces · generated {stamp} · flowrl {__version__}</p></header><main>{''.join(parts)}</main></body></html>")
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+        f"<title>flowrl report</title><style>{_CSS}</style></head><body><header><h1>flowrl report</h1>"
+        f"<p>{m.traces} traces · generated {stamp} · flowrl {__version__}</p></header><main>{''.join(parts)}</main></body></html>"
+    )

@@ -42,7 +42,7 @@ def store_charts(m: StoreMetrics, out: Path) -> dict[str, str]:
         cols = min(3, len(names))
         rows = (len(names) + cols - 1) // cols
         fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.3 * rows), squeeze=False)
-        for ax in axes.flat[len(names):]:
+        for ax in axes.flat[len(names) :]:
             ax.axis("off")
         for ax, name in zip(axes.flat, names):
             ax.hist(m.rewards[name], bins=10, range=(0, 1), color=_BLUE)
@@ -85,8 +85,11 @@ def training_chart(run: TrainingRun, out: Path, index: int) -> str | None:
 
 def eval_chart(report: dict[str, Any], out: Path, index: int) -> str | None:
     per = report.get("per_reward") or {}
-    names = [n for n, v in per.items() if isinstance(v, dict)
-             and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))]
+    names = [
+        n
+        for n, v in per.items()
+        if isinstance(v, dict) and any(isinstance(v.get(k), (int, float)) for k in ("baseline", "model"))
+    ]
     if not names:
         return None
     plt = _plt()
@@ -107,7 +110,10 @@ def eval_chart(report: dict[str, Any], out: Path, index: int) -> str | None:
 
 def _yerr(figures: list[dict[str, Any]]) -> list[list[float]]:
     """Asymmetric error bars (below, above) from each arm's Wilson interval."""
-    return [[max(0.0, f["rate"] - f["ci95"][0]) for f in figures], [max(0.0, f["ci95"][1] - f["rate"]) for f in figures]]
+    return [
+        [max(0.0, f["rate"] - f["ci95"][0]) for f in figures],
+        [max(0.0, f["ci95"][1] - f["rate"]) for f in figures],
+    ]
 
 
 def success_chart(ev: EvalFile, out: Path, index: int) -> str | None:
@@ -118,8 +124,15 @@ def success_chart(ev: EvalFile, out: Path, index: int) -> str | None:
     plt = _plt()
     figures = [ev.data["arms"][a] for a in arms]
     fig, ax = plt.subplots(figsize=(max(3.6, 0.9 * len(arms) + 1.8), 2.8))
-    ax.bar(range(len(arms)), [f["rate"] for f in figures], 0.6, yerr=_yerr(figures), capsize=4,
-           color=[_GREY if a == ev.base else _BLUE for a in arms], error_kw={"ecolor": "#1f2933", "lw": 1})
+    ax.bar(
+        range(len(arms)),
+        [f["rate"] for f in figures],
+        0.6,
+        yerr=_yerr(figures),
+        capsize=4,
+        color=[_GREY if a == ev.base else _BLUE for a in arms],
+        error_kw={"ecolor": "#1f2933", "lw": 1},
+    )
     ax.set_xticks(range(len(arms)), arms, rotation=20 if len(arms) > 3 else 0)
     ax.set_ylim(0, 1)
     ax.set_ylabel("success rate")
@@ -142,8 +155,17 @@ def rounds_chart(files: list[EvalFile], out: Path, index: int) -> str | None:
         xs = [r + 0.06 * (i - (len(families) - 1) / 2) for r, _ in points]  # dodge overlapping bars
         figures = [f for _, f in points]
         is_base = family == base
-        ax.errorbar(xs, [f["rate"] for f in figures], yerr=_yerr(figures), capsize=4, marker="o", markersize=4,
-                    linestyle="--" if is_base else "-", color=_GREY if is_base else next(colors, _GREY), label=family)
+        ax.errorbar(
+            xs,
+            [f["rate"] for f in figures],
+            yerr=_yerr(figures),
+            capsize=4,
+            marker="o",
+            markersize=4,
+            linestyle="--" if is_base else "-",
+            color=_GREY if is_base else next(colors, _GREY),
+            label=family,
+        )
     rounds = sorted({f.round or 0 for f in files})
     ax.set_xticks(rounds, [str(r) for r in rounds])
     ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)  # one round: the dodged arms stay side by side

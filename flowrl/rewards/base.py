@@ -35,14 +35,18 @@ def executed_trace(traces: Any, i: int, n: int) -> ExecutionTrace | None:
     """The i-th of `n` executed traces a rollout returned (an ExecutionTrace or its dict; None: the run was not
     captured, so no reward can judge it)."""
     if not isinstance(traces, list) or len(traces) != n:
-        raise FlowRLError(f"the rollout's {EXECUTED_TRACE!r} must hold one trace per completion ({n}), got "
-                          f"{type(traces).__name__} of {len(traces) if isinstance(traces, list) else '?'}: fix the rollout")
+        raise FlowRLError(
+            f"the rollout's {EXECUTED_TRACE!r} must hold one trace per completion ({n}), got "
+            f"{type(traces).__name__} of {len(traces) if isinstance(traces, list) else '?'}: fix the rollout"
+        )
     trace = traces[i]
     if trace is None or isinstance(trace, ExecutionTrace):
         return trace
     if isinstance(trace, dict):
         return ExecutionTrace.model_validate(trace)
-    raise FlowRLError(f"the rollout's {EXECUTED_TRACE!r}[{i}] is a {type(trace).__name__}, not a trace: fix the rollout")
+    raise FlowRLError(
+        f"the rollout's {EXECUTED_TRACE!r}[{i}] is a {type(trace).__name__}, not a trace: fix the rollout"
+    )
 
 
 @dataclass
@@ -84,8 +88,14 @@ def note_crash(reward: Any, exc: BaseException, where: str, count: int = 1) -> s
             reward.crashes = getattr(reward, "crashes", 0) + count
         except AttributeError:  # a reward with __slots__: logged, not counted
             pass
-    log.log(logging.WARNING if first else logging.DEBUG, "flowrl: reward %s crashed on %s: %s", name, where,
-            crash_message(exc), exc_info=first)
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "flowrl: reward %s crashed on %s: %s",
+        name,
+        where,
+        crash_message(exc),
+        exc_info=first,
+    )
     return crash_message(exc)
 
 
@@ -170,7 +180,9 @@ class Reward:
             messages.extend(m for m in completion if isinstance(m, dict))
         else:
             messages.append({"role": "assistant", "content": completion_text(completion)})
-        metadata = {k: v for k, v in columns.items() if k not in ("trainer_state", "log_extra", "log_metric", "completion_ids")}
+        metadata = {
+            k: v for k, v in columns.items() if k not in ("trainer_state", "log_extra", "log_metric", "completion_ids")
+        }
         return ExecutionTrace(
             user_query=prompt_text(prompt),
             final_response=completion_text(completion),
@@ -203,8 +215,9 @@ class Reward:
                 groups.append(json.dumps(prompt, sort_keys=True, default=str))
             judged = [t for t in traces if t is not None]
             scored = iter(score_safely(self, judged) if judged else [])
-            results = [next(scored) if t is not None else RewardResult(None, {"reason": "run not captured"})
-                       for t in traces]
+            results = [
+                next(scored) if t is not None else RewardResult(None, {"reason": "run not captured"}) for t in traces
+            ]
             crashed = {g for g, r in zip(groups, results) if r.error is not None}
             values = [None if g in crashed else r.value for g, r in zip(groups, results)]
             errors = sum(r.error is not None for r in results)
@@ -214,9 +227,16 @@ class Reward:
             stats["errors"] += errors
             stats["voided"] += voided
             if errors:  # the first time as a warning, then at debug level: `stats` and log_metric count them
-                log.log(logging.WARNING if stats["errors"] == errors else logging.DEBUG,
-                        "flowrl: reward %s crashed on %d of %d completions; None for the %d completions of their "
-                        "prompts (%d errors so far, see reward_func.stats)", self.name, errors, n, voided, stats["errors"])
+                log.log(
+                    logging.WARNING if stats["errors"] == errors else logging.DEBUG,
+                    "flowrl: reward %s crashed on %d of %d completions; None for the %d completions of their "
+                    "prompts (%d errors so far, see reward_func.stats)",
+                    self.name,
+                    errors,
+                    n,
+                    voided,
+                    stats["errors"],
+                )
             log_metric = kwargs.get("log_metric")
             if callable(log_metric):
                 log_metric(f"flowrl/{self.name}/errors", float(errors))

@@ -170,25 +170,51 @@ def _add_plugin(ep: EntryPoint) -> None:
     if taken is not None:
         if taken.plugin == package:  # the same package seen twice on the path
             return
-        owner = ("a built-in reward" if ep.name in BUILTIN_REWARDS
-                 else f"the {taken.plugin} plugin" if taken.plugin else "a reward registered with register_reward")
-        log.warning("flowrl: reward plugin %r from %s is not loaded: %s already has that name, and it wins; the "
-                    "plugin's package should rename its %s entry point", ep.name, package, owner, ENTRY_POINT_GROUP)
+        owner = (
+            "a built-in reward"
+            if ep.name in BUILTIN_REWARDS
+            else f"the {taken.plugin} plugin"
+            if taken.plugin
+            else "a reward registered with register_reward"
+        )
+        log.warning(
+            "flowrl: reward plugin %r from %s is not loaded: %s already has that name, and it wins; the "
+            "plugin's package should rename its %s entry point",
+            ep.name,
+            package,
+            owner,
+            ENTRY_POINT_GROUP,
+        )
         return
     try:
         cls = ep.load()
     except Exception as exc:  # a broken plugin must not stop `flowrl score`
-        log.warning("flowrl: reward plugin %r from %s (%s) failed to import and is skipped: %s: %s; fix or "
-                    "uninstall %s", ep.name, package, ep.value, type(exc).__name__, exc, package)
+        log.warning(
+            "flowrl: reward plugin %r from %s (%s) failed to import and is skipped: %s: %s; fix or uninstall %s",
+            ep.name,
+            package,
+            ep.value,
+            type(exc).__name__,
+            exc,
+            package,
+        )
         return
     if not (isinstance(cls, type) and issubclass(cls, Reward)):
-        log.warning("flowrl: reward plugin %r from %s is skipped: %s is not a flowrl.rewards.Reward subclass",
-                    ep.name, package, ep.value)
+        log.warning(
+            "flowrl: reward plugin %r from %s is skipped: %s is not a flowrl.rewards.Reward subclass",
+            ep.name,
+            package,
+            ep.value,
+        )
         return
     weight = getattr(cls, "default_weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-        log.warning("flowrl: reward plugin %r from %s is skipped: default_weight must be a number >= 0, got %r",
-                    ep.name, package, weight)
+        log.warning(
+            "flowrl: reward plugin %r from %s is skipped: default_weight must be a number >= 0, got %r",
+            ep.name,
+            package,
+            weight,
+        )
         return
     enabled = getattr(cls, "enabled_by_default", True) is not False
     REGISTRY[ep.name] = RegisteredReward(cls, float(weight), enabled, plugin=package)
@@ -263,7 +289,9 @@ def _check_options(path: Path, name: str, options: dict[str, Any]) -> None:
     for key in options:
         if key not in params or key == "self":
             known = ", ".join(p for p in params if p != "self") or "none"
-            raise ConfigError(f"{path}: rewards.{name}.{key}: the {name} reward has no option {key!r} (options: {known})")
+            raise ConfigError(
+                f"{path}: rewards.{name}.{key}: the {name} reward has no option {key!r} (options: {known})"
+            )
 
 
 def load_config(path: str | Path) -> EngineConfig:
@@ -280,8 +308,9 @@ def load_config(path: str | Path) -> EngineConfig:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
         raise ConfigError(f"{path}: threshold: use a number between 0 and 1, got {threshold!r}")
     max_error_rate = data.get("max_error_rate")
-    if max_error_rate is not None and (isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float))
-                                       or not 0 <= max_error_rate <= 1):
+    if max_error_rate is not None and (
+        isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) or not 0 <= max_error_rate <= 1
+    ):
         raise ConfigError(f"{path}: max_error_rate: use a number between 0 and 1 (0.01 is 1%), got {max_error_rate!r}")
     cfg = default_config()
     cfg.max_error_rate = None if max_error_rate is None else float(max_error_rate)

@@ -34,11 +34,22 @@ def within(used: float, budget: float) -> float:
 class EfficiencyReward(Reward):
     name = "efficiency"
 
-    def __init__(self, max_tool_calls: int = 10, max_turns: int = 12, max_tokens: int = 32000,
-                 max_output_tokens: int = 2048, max_duration_ms: float = 120_000.0,
-                 repeat_penalty: float = 0.15) -> None:
-        self.budgets = {"tool_calls": max_tool_calls, "turns": max_turns, "tokens": max_tokens,
-                        "output_tokens": max_output_tokens, "duration_ms": max_duration_ms}
+    def __init__(
+        self,
+        max_tool_calls: int = 10,
+        max_turns: int = 12,
+        max_tokens: int = 32000,
+        max_output_tokens: int = 2048,
+        max_duration_ms: float = 120_000.0,
+        repeat_penalty: float = 0.15,
+    ) -> None:
+        self.budgets = {
+            "tool_calls": max_tool_calls,
+            "turns": max_turns,
+            "tokens": max_tokens,
+            "output_tokens": max_output_tokens,
+            "duration_ms": max_duration_ms,
+        }
         self.repeat_penalty = repeat_penalty
 
     def measure(self, trace: ExecutionTrace) -> dict[str, float]:

@@ -88,8 +88,12 @@ def build_rewards(cfg: EngineConfig) -> tuple[dict[str, Reward], dict[str, float
 
 
 class RewardEngine:
-    def __init__(self, rewards: Mapping[str, Reward] | None = None, weights: Mapping[str, float] | None = None,
-                 threshold: float = DEFAULT_THRESHOLD) -> None:
+    def __init__(
+        self,
+        rewards: Mapping[str, Reward] | None = None,
+        weights: Mapping[str, float] | None = None,
+        threshold: float = DEFAULT_THRESHOLD,
+    ) -> None:
         if rewards is None:
             rewards, default_w = build_rewards(default_config())
             weights = {**default_w, **(weights or {})}
@@ -135,8 +139,10 @@ class RewardEngine:
             for slot, result in zip(out, self._run(name, traces)):
                 slot[name] = result
         if late and traces:
-            fresh = [t.model_copy(update={"rewards": {**t.rewards, **{n: r.value for n, r in slot.items()}}})
-                     for t, slot in zip(traces, out)]
+            fresh = [
+                t.model_copy(update={"rewards": {**t.rewards, **{n: r.value for n, r in slot.items()}}})
+                for t, slot in zip(traces, out)
+            ]
             for name in late:
                 for slot, result in zip(out, self._run(name, fresh)):
                     slot[name] = result
@@ -166,8 +172,9 @@ class RewardEngine:
             weight_sum += w
         return total / weight_sum if weight_sum > 0 else None
 
-    def compute_for_group(self, traces: Iterable[ExecutionTrace] | None = None,
-                          scores: Iterable[float | None] | None = None) -> list[float | None]:
+    def compute_for_group(
+        self, traces: Iterable[ExecutionTrace] | None = None, scores: Iterable[float | None] | None = None
+    ) -> list[float | None]:
         """Combined scores z-scored within one group (same task): (x - mean) / std; all 0 when they are equal.
         A trace without a combined score (nothing to judge, or a reward crashed) gets None and is left out of
         the mean. Pass `scores` to standardise combined scores you already have."""
@@ -181,8 +188,9 @@ class RewardEngine:
         std = math.sqrt(sum((v - mean) ** 2 for v in present) / len(present))
         return [None if v is None else (0.0 if std < 1e-9 else (v - mean) / std) for v in values]
 
-    def get_binary_label(self, item: float | None | ExecutionTrace | Mapping[str, Any],
-                         threshold: float | None = None) -> bool | None:
+    def get_binary_label(
+        self, item: float | None | ExecutionTrace | Mapping[str, Any], threshold: float | None = None
+    ) -> bool | None:
         """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default) and, when the
         per-reward results are known, no gate reward (task_completion, reference_answer) is 0: the one label
         rule, `flowrl.facts.label_for`."""

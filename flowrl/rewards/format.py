@@ -119,7 +119,7 @@ def _read_block(text: str, m: re.Match[str]) -> tuple[list[MarkupCall], int]:
     opener, start = m.group(0).lower(), m.end()
     if opener == "<tool_call>":
         body, end = _until(text, start, "</tool_call>")
-        raw = text[m.start():end]
+        raw = text[m.start() : end]
         xml = _XML_FUNCTION.fullmatch(body)
         if xml is None:
             return _calls_in(body, raw), end
@@ -128,15 +128,15 @@ def _read_block(text: str, m: re.Match[str]) -> tuple[list[MarkupCall], int]:
         return [MarkupCall(xml.group(1), dict(params) if ok else None, raw)], end
     if opener.startswith("<function="):
         body, end = _until(text, start, "</function>")
-        raw = text[m.start():end]
+        raw = text[m.start() : end]
         values = _json_values(body)
         args = values[0] if values and len(values) == 1 and isinstance(values[0], dict) else None
         return [MarkupCall(m.group(1), args, raw)], end
     if opener == "<|python_tag|>":
         stop = _LLAMA_END.search(text, start)
         end = len(text) if stop is None else stop.end()
-        body = text[start:len(text) if stop is None else stop.start()]
-        return _calls_in(body, text[m.start():end]), end
+        body = text[start : len(text) if stop is None else stop.start()]
+        return _calls_in(body, text[m.start() : end]), end
     # [TOOL_CALLS]: a JSON list of calls, or `name[ARGS]{json}` repeated
     decoder, i, calls = json.JSONDecoder(), start, []
     while True:
@@ -154,7 +154,7 @@ def _read_block(text: str, m: re.Match[str]) -> tuple[list[MarkupCall], int]:
             calls.extend(_call(v, text[j:k]) for v in (value if isinstance(value, list) else [value]))
         i = k
     if not calls:
-        return [MarkupCall(None, None, text[m.start():])], len(text)
+        return [MarkupCall(None, None, text[m.start() :])], len(text)
     return calls, i
 
 
@@ -174,7 +174,7 @@ def parse_tool_markup(text: str) -> tuple[list[MarkupCall], str]:
             continue
         found, end = _read_block(text, m)
         calls.extend(found)
-        rest.append(text[pos:m.start()])
+        rest.append(text[pos : m.start()])
         pos = end
     rest.append(text[pos:])
     if not calls and text.strip()[:1] in ("{", "["):
@@ -212,12 +212,16 @@ def _structured_arguments(trace: ExecutionTrace) -> list[tuple[bool, str]]:
 class FormatComplianceReward(Reward):
     name = "format"
 
-    def __init__(self, leak_tags: list[str] | tuple[str, ...] = LEAK_TAGS, allow_tags: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, leak_tags: list[str] | tuple[str, ...] = LEAK_TAGS, allow_tags: list[str] | tuple[str, ...] = ()
+    ) -> None:
         tags = [t for t in leak_tags if t not in set(allow_tags)]
         alternatives = "|".join(map(re.escape, tags))
         self._leak = re.compile(rf"</?({alternatives})\b[^>]*>", re.IGNORECASE) if tags else None
         allowed = "|".join(map(re.escape, allow_tags))
-        self._allowed_block = re.compile(rf"<({allowed})\b[^>]*>.*?</\1>", re.IGNORECASE | re.DOTALL) if allow_tags else None
+        self._allowed_block = (
+            re.compile(rf"<({allowed})\b[^>]*>.*?</\1>", re.IGNORECASE | re.DOTALL) if allow_tags else None
+        )
 
     def score(self, trace: ExecutionTrace) -> RewardResult:
         answer = answer_text(trace)
@@ -238,8 +242,13 @@ class FormatComplianceReward(Reward):
             checks["non_empty"] = 1.0 if answer.strip() else 0.0
             text = strip_code(answer)
             markup = sorted({m.group(0) for m in _TOOL_MARKUP.finditer(text)})
-            leaks = sorted(({m.group(0) for m in (self._leak.finditer(text) if self._leak else ())}
-                            | {m.group(0) for m in _SPECIAL_TOKEN.finditer(text)}) - set(markup))
+            leaks = sorted(
+                (
+                    {m.group(0) for m in (self._leak.finditer(text) if self._leak else ())}
+                    | {m.group(0) for m in _SPECIAL_TOKEN.finditer(text)}
+                )
+                - set(markup)
+            )
             checks["no_leaked_tags"] = 0.0 if leaks else 1.0
             checks["no_raw_tool_markup"] = 0.0 if markup else 1.0
             if leaks:

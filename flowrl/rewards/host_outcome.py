@@ -28,8 +28,9 @@ class HostOutcomeReward(Reward):
         if verdict.feedback:
             details["feedback"] = [f.text[:500] for f in verdict.feedback[-3:]]
         if verdict.success is not None:
-            return RewardResult(1.0 if verdict.success else 0.0, {**details, "success": verdict.success,
-                                                                   "by": verdict.success_by})
+            return RewardResult(
+                1.0 if verdict.success else 0.0, {**details, "success": verdict.success, "by": verdict.success_by}
+            )
         if verdict.rewards:
             values = list(verdict.rewards.values())
             return RewardResult(sum(values) / len(values), details)

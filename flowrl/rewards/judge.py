@@ -88,29 +88,60 @@ def _dump(message: dict[str, Any]) -> str:
 class LLMJudgeReward(Reward):
     name = "judge"
 
-    def __init__(self, mode: str = "relative", rubric: str = DEFAULT_RUBRIC, base_url: str | None = None,
-                 model: str | None = None, api_key: str | None = None, api_key_env: str | None = None,
-                 timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
-                 temperature: float | None = 0.0, max_tokens: int | None = 2048, json_mode: bool = True,
-                 cache_dir: str | Path | None = None, max_group_size: int = 12, max_chars_per_message: int = 4000,
-                 concurrency: int = 4, extra_headers: dict[str, str] | None = None,
-                 extra_body: dict[str, Any] | None = None, client: JudgeClient | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "relative",
+        rubric: str = DEFAULT_RUBRIC,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        temperature: float | None = 0.0,
+        max_tokens: int | None = 2048,
+        json_mode: bool = True,
+        cache_dir: str | Path | None = None,
+        max_group_size: int = 12,
+        max_chars_per_message: int = 4000,
+        concurrency: int = 4,
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        client: JudgeClient | None = None,
+    ) -> None:
         if mode not in ("relative", "absolute"):
             raise ConfigError(f"judge mode {mode!r}: use relative or absolute")
         self.mode, self.rubric = mode, rubric.strip()
         self.max_group_size = max(1, max_group_size)
         self.max_chars = max_chars_per_message
         self.concurrency = max(1, concurrency)
-        self.client = client or JudgeClient(base_url, model, api_key, api_key_env, timeout_s, max_retries, backoff_s,
-                                            max_backoff_s, temperature, max_tokens, json_mode, cache_dir,
-                                            extra_headers, extra_body)
+        self.client = client or JudgeClient(
+            base_url,
+            model,
+            api_key,
+            api_key_env,
+            timeout_s,
+            max_retries,
+            backoff_s,
+            max_backoff_s,
+            temperature,
+            max_tokens,
+            json_mode,
+            cache_dir,
+            extra_headers,
+            extra_body,
+        )
 
     @property
     def stats(self) -> dict[str, int]:
         return self.client.stats
 
     # -- prompts ----------------------------------------------------------------------------------------
-    def relative_prompt(self, transcripts: list[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[dict[str, str]]:
+    def relative_prompt(
+        self, transcripts: list[list[dict[str, Any]]], tools: list[dict[str, Any]]
+    ) -> list[dict[str, str]]:
         dumped = [[_dump(m) for m in t] for t in transcripts]
         prefix = 0
         if len(dumped) > 1:
@@ -121,21 +152,29 @@ class LLMJudgeReward(Reward):
         if prefix:
             parts.append("<context>\n" + "\n".join(dumped[0][:prefix]) + "\n</context>")
         if tools:
-            parts.append("<available_tools>\n" + json.dumps(tools, ensure_ascii=False, default=str) + "\n</available_tools>")
+            parts.append(
+                "<available_tools>\n" + json.dumps(tools, ensure_ascii=False, default=str) + "\n</available_tools>"
+            )
         parts.append("<trajectories>")
         for i, d in enumerate(dumped, 1):
             parts.append(f'<trajectory id="{i}">\n' + "\n".join(d[prefix:]) + "\n</trajectory>")
         parts.append("</trajectories>")
-        return [{"role": "system", "content": _RELATIVE_SYSTEM.format(rubric=self.rubric)},
-                {"role": "user", "content": "\n".join(parts)}]
+        return [
+            {"role": "system", "content": _RELATIVE_SYSTEM.format(rubric=self.rubric)},
+            {"role": "user", "content": "\n".join(parts)},
+        ]
 
     def absolute_prompt(self, transcript: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, str]]:
         parts = []
         if tools:
-            parts.append("<available_tools>\n" + json.dumps(tools, ensure_ascii=False, default=str) + "\n</available_tools>")
+            parts.append(
+                "<available_tools>\n" + json.dumps(tools, ensure_ascii=False, default=str) + "\n</available_tools>"
+            )
         parts.append("<trajectory>\n" + "\n".join(_dump(m) for m in transcript) + "\n</trajectory>")
-        return [{"role": "system", "content": _ABSOLUTE_SYSTEM.format(rubric=self.rubric)},
-                {"role": "user", "content": "\n".join(parts)}]
+        return [
+            {"role": "system", "content": _ABSOLUTE_SYSTEM.format(rubric=self.rubric)},
+            {"role": "user", "content": "\n".join(parts)},
+        ]
 
     # -- scoring ----------------------------------------------------------------------------------------
     def _ask_relative(self, transcripts: list[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[RewardResult]:
@@ -157,18 +196,27 @@ class LLMJudgeReward(Reward):
                 e = by_id.get(str(i))
                 score = e.get("score") if isinstance(e, dict) else e
                 expl = e.get("explanation", "") if isinstance(e, dict) else ""
-                out.append([float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
-                            str(expl)])
+                out.append(
+                    [
+                        float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
+                        str(expl),
+                    ]
+                )
             if all(s is None for s, _ in out):
                 raise ValueError("no trajectory got a numeric score")
             return out
 
         result, cached = self.client.complete_json(self.relative_prompt(transcripts, tools), parse)
-        return [RewardResult(s, {"mode": "relative", "model": self.client.model, "explanation": e,
-                                 "group_size": n, "cached": cached}
-                             if s is not None else {"mode": "relative"},
-                             error=None if s is not None else "the judge gave no score for it")
-                for s, e in result]
+        return [
+            RewardResult(
+                s,
+                {"mode": "relative", "model": self.client.model, "explanation": e, "group_size": n, "cached": cached}
+                if s is not None
+                else {"mode": "relative"},
+                error=None if s is not None else "the judge gave no score for it",
+            )
+            for s, e in result
+        ]
 
     def _ask_absolute(self, transcript: list[dict[str, Any]], tools: list[dict[str, Any]]) -> RewardResult:
         def parse(data: Any) -> list[Any]:
@@ -178,7 +226,9 @@ class LLMJudgeReward(Reward):
             return [float(score), str(data.get("explanation", "")) if isinstance(data, dict) else ""]
 
         (score, expl), cached = self.client.complete_json(self.absolute_prompt(transcript, tools), parse)
-        return RewardResult(score, {"mode": "absolute", "model": self.client.model, "explanation": expl, "cached": cached})
+        return RewardResult(
+            score, {"mode": "absolute", "model": self.client.model, "explanation": expl, "cached": cached}
+        )
 
     def _score_group(self, traces: list[ExecutionTrace]) -> list[RewardResult]:
         """One task's traces: identical ones are judged once; relative mode asks in chunks of max_group_size."""
@@ -199,7 +249,7 @@ class LLMJudgeReward(Reward):
 
         if self.mode == "relative":
             for start in range(0, len(order), self.max_group_size):
-                chunk = order[start:start + self.max_group_size]
+                chunk = order[start : start + self.max_group_size]
                 try:
                     scored.update(zip(chunk, self._ask_relative([transcripts[first[k]] for k in chunk], tools)))
                 except JudgeRequestError as exc:

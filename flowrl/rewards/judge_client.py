@@ -35,19 +35,26 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 class JudgeRequestError(Exception):
     """One request failed; `retryable` says whether trying again may help."""
 
-    def __init__(self, message: str, retryable: bool, retry_after: float | None = None,
-                 status: int | None = None) -> None:
+    def __init__(
+        self, message: str, retryable: bool, retry_after: float | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
         self.status = status
 
 
-def resolve_settings(base_url: str | None, model: str | None, api_key: str | None,
-                     api_key_env: str | None = None) -> tuple[str, str | None, str | None]:
+def resolve_settings(
+    base_url: str | None, model: str | None, api_key: str | None, api_key_env: str | None = None
+) -> tuple[str, str | None, str | None]:
     env = os.environ
     url = base_url or env.get("FLOWRL_JUDGE_BASE_URL") or env.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-    key = api_key or (env.get(api_key_env) if api_key_env else None) or env.get("FLOWRL_JUDGE_API_KEY") or env.get("OPENAI_API_KEY")
+    key = (
+        api_key
+        or (env.get(api_key_env) if api_key_env else None)
+        or env.get("FLOWRL_JUDGE_API_KEY")
+        or env.get("OPENAI_API_KEY")
+    )
     return url, model or env.get("FLOWRL_JUDGE_MODEL"), key or None
 
 
@@ -67,17 +74,29 @@ def extract_json(text: str) -> Any:
     except ValueError:
         start, end = text.find("{"), text.rfind("}")
         if start >= 0 and end > start:
-            return json.loads(text[start:end + 1])  # ValueError propagates: unparseable
+            return json.loads(text[start : end + 1])  # ValueError propagates: unparseable
         raise
 
 
 class JudgeClient:
-    def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
-                 api_key_env: str | None = None, timeout_s: float = 60.0, max_retries: int = 3,
-                 backoff_s: float = 1.0, max_backoff_s: float = 30.0, temperature: float | None = 0.0,
-                 max_tokens: int | None = 2048, json_mode: bool = True, cache_dir: str | Path | None = None,
-                 extra_headers: dict[str, str] | None = None, extra_body: dict[str, Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        temperature: float | None = 0.0,
+        max_tokens: int | None = 2048,
+        json_mode: bool = True,
+        cache_dir: str | Path | None = None,
+        extra_headers: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.base_url, self.model, self._api_key = resolve_settings(base_url, model, api_key, api_key_env)
         self.url = endpoint(self.base_url)
         self.timeout_s, self.max_retries = timeout_s, max_retries
@@ -99,8 +118,11 @@ class JudgeClient:
 
     # -- cache ------------------------------------------------------------------------------------------
     def cache_key(self, messages: list[dict[str, Any]]) -> str:
-        blob = json.dumps({"model": self.model, "temperature": self.temperature, "messages": messages},
-                          sort_keys=True, ensure_ascii=False)
+        blob = json.dumps(
+            {"model": self.model, "temperature": self.temperature, "messages": messages},
+            sort_keys=True,
+            ensure_ascii=False,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _cache_get(self, key: str) -> Any:
@@ -138,8 +160,12 @@ class JudgeClient:
             body.setdefault("max_tokens", self.max_tokens)
         if json_mode:
             body.setdefault("response_format", {"type": "json_object"})
-        headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "flowrl-judge",
-                   **self.extra_headers}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": "flowrl-judge",
+            **self.extra_headers,
+        }
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
@@ -153,8 +179,9 @@ class JudgeClient:
             except (OSError, http.client.HTTPException):
                 detail = ""
             retry_after = _retry_after(exc.headers.get("Retry-After") if exc.headers else None)
-            raise JudgeRequestError(f"HTTP {exc.code} from {self.url}: {detail}", exc.code in _RETRY_STATUS,
-                                    retry_after, exc.code) from exc
+            raise JudgeRequestError(
+                f"HTTP {exc.code} from {self.url}: {detail}", exc.code in _RETRY_STATUS, retry_after, exc.code
+            ) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # timeouts, resets, cut-off replies
             reason = getattr(exc, "reason", exc)
             raise JudgeRequestError(f"cannot reach {self.url}: {reason}", True) from exc
@@ -162,8 +189,9 @@ class JudgeClient:
             data = json.loads(raw)
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise JudgeRequestError(f"{self.url} did not answer like a chat-completions endpoint: {raw[:200]!r}",
-                                    True) from exc
+            raise JudgeRequestError(
+                f"{self.url} did not answer like a chat-completions endpoint: {raw[:200]!r}", True
+            ) from exc
         if isinstance(content, list):  # content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         return content or ""

@@ -35,8 +35,16 @@ log = logging.getLogger(__name__)
 
 FORMAT_TAG = "flowrl-learned-reward"
 FEATURE_REWARDS = ("code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format")
-COUNT_FEATURES = ("log_tool_calls", "failed_call_share", "log_turns", "log_answer_chars", "log_query_chars",
-                  "log_tokens", "log_duration_s", "error_answer")
+COUNT_FEATURES = (
+    "log_tool_calls",
+    "failed_call_share",
+    "log_turns",
+    "log_answer_chars",
+    "log_query_chars",
+    "log_tokens",
+    "log_duration_s",
+    "error_answer",
+)
 FEATURES: tuple[str, ...] = tuple(
     [f"r_{n}" for n in FEATURE_REWARDS] + [f"missing_{n}" for n in FEATURE_REWARDS] + list(COUNT_FEATURES)
 )
@@ -56,9 +64,16 @@ class FitReport:
 class LearnedReward(Reward):
     name = "learned"
 
-    def __init__(self, model: str | Path | None = None, min_labels: int = 20, min_per_class: int = 3,
-                 l2: float = 1.0, holdout: float = 0.2, retrain: bool = True,
-                 feature_rewards: dict[str, Reward] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        min_labels: int = 20,
+        min_per_class: int = 3,
+        l2: float = 1.0,
+        holdout: float = 0.2,
+        retrain: bool = True,
+        feature_rewards: dict[str, Reward] | None = None,
+    ) -> None:
         self.model_path = Path(model).expanduser() if model else None
         self.min_labels, self.min_per_class = min_labels, min_per_class
         self.l2, self.holdout, self.retrain = l2, holdout, retrain
@@ -77,9 +92,13 @@ class LearnedReward(Reward):
             from flowrl.rewards.task_completion import TaskCompletionReward
             from flowrl.rewards.tool_success import ToolSuccessReward
 
-            self._feature_rewards = {"syntax": SyntaxValidationReward(), "tool_success": ToolSuccessReward(),
-                                     "task_completion": TaskCompletionReward(), "efficiency": EfficiencyReward(),
-                                     "format": FormatComplianceReward()}
+            self._feature_rewards = {
+                "syntax": SyntaxValidationReward(),
+                "tool_success": ToolSuccessReward(),
+                "task_completion": TaskCompletionReward(),
+                "efficiency": EfficiencyReward(),
+                "format": FormatComplianceReward(),
+            }
         return self._feature_rewards
 
     def features(self, trace: ExecutionTrace) -> list[float]:
@@ -105,9 +124,11 @@ class LearnedReward(Reward):
             "log_duration_s": math.log1p(max(0.0, (trace.execution_duration_ms or 0.0) / 1000.0)),
             "error_answer": 1.0 if answer.lstrip().startswith("Error") else 0.0,
         }
-        return ([0.5 if values[n] is None else float(values[n]) for n in FEATURE_REWARDS]  # type: ignore[arg-type]
-                + [1.0 if values[n] is None else 0.0 for n in FEATURE_REWARDS]
-                + [counts[n] for n in COUNT_FEATURES])
+        return (
+            [0.5 if values[n] is None else float(values[n]) for n in FEATURE_REWARDS]  # type: ignore[arg-type]
+            + [1.0 if values[n] is None else 0.0 for n in FEATURE_REWARDS]
+            + [counts[n] for n in COUNT_FEATURES]
+        )
 
     # -- fitting ----------------------------------------------------------------------------------------
     @property
@@ -145,8 +166,10 @@ class LearnedReward(Reward):
         n_good, n = int(sum(ys)), len(ys)
         report = FitReport(n, n_good, n - n_good, False)
         if n < self.min_labels or min(n_good, n - n_good) < self.min_per_class:
-            report.reason = (f"{n} manual labels ({n_good} good, {n - n_good} bad): need {self.min_labels}, "
-                             f"with at least {self.min_per_class} of each; label more with `flowrl traces label`")
+            report.reason = (
+                f"{n} manual labels ({n_good} good, {n - n_good} bad): need {self.min_labels}, "
+                f"with at least {self.min_per_class} of each; label more with `flowrl traces label`"
+            )
             self.last_fit = report
             return report
         x, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
@@ -157,9 +180,17 @@ class LearnedReward(Reward):
             report.heldout_accuracy = float((pred == (y[test] >= 0.5)).mean())
             report.heldout_n = int(test.sum())
         mean, std, w, b = self._solve(x, y)
-        self.state = {"format": FORMAT_TAG, "version": 1, "features": list(FEATURES), "mean": mean.tolist(),
-                      "std": std.tolist(), "weights": w.tolist(), "bias": b, "trained_at": datetime.now().isoformat(),
-                      **{k: v for k, v in asdict(report).items() if k not in ("trained", "reason")}}
+        self.state = {
+            "format": FORMAT_TAG,
+            "version": 1,
+            "features": list(FEATURES),
+            "mean": mean.tolist(),
+            "std": std.tolist(),
+            "weights": w.tolist(),
+            "bias": b,
+            "trained_at": datetime.now().isoformat(),
+            **{k: v for k, v in asdict(report).items() if k not in ("trained", "reason")},
+        }
         report.trained = True
         self.last_fit = report
         if self.model_path is not None:
@@ -189,7 +220,9 @@ class LearnedReward(Reward):
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: cannot read the learned reward's model: {exc}") from exc
         if not isinstance(state, dict) or state.get("format") != FORMAT_TAG or state.get("features") != list(FEATURES):
-            raise ConfigError(f"{path}: not a flowrl learned-reward model of this version: delete it and rescore to refit")
+            raise ConfigError(
+                f"{path}: not a flowrl learned-reward model of this version: delete it and rescore to refit"
+            )
         self.state = state
 
     # -- scoring ----------------------------------------------------------------------------------------
@@ -204,8 +237,10 @@ class LearnedReward(Reward):
         if self.state is None:
             reason = self.last_fit.reason if self.last_fit and self.last_fit.reason else "not trained yet"
             return RewardResult(None, {"reason": reason})
-        return RewardResult(self.probability(trace), {"n_labels": self.state.get("n_labels"),
-                                                      "heldout_accuracy": self.state.get("heldout_accuracy")})
+        return RewardResult(
+            self.probability(trace),
+            {"n_labels": self.state.get("n_labels"), "heldout_accuracy": self.state.get("heldout_accuracy")},
+        )
 
 
 def _bucket(trace_id: str) -> float:

@@ -135,14 +135,16 @@ class ErrorBudgetExceeded(FlowRLError):
         crashed = sorted(((s.errors, n) for n, s in summary.rewards.items() if s.errors), reverse=True)
         count, name = crashed[0]
         others = "".join(f", {n!r} on {c}" for c, n in crashed[1:])
-        stopped = (f" (stopped after {summary.computed} of {summary.todo} traces)"
-                   if summary.computed < summary.todo else "")
+        stopped = (
+            f" (stopped after {summary.computed} of {summary.todo} traces)" if summary.computed < summary.todo else ""
+        )
         super().__init__(
             f"reward {name!r} crashed on {count} of {summary.computed} traces{others} "
             f"({summary.rewards[name].first_error}): {summary.error_results} of {summary.results} results are errors, "
             f"over the {summary.max_error_rate * 100:g}% budget{stopped}, so nothing was written; fix the reward, turn it "
             f"off with `enabled = false` under [rewards.{name}] in the reward config, or allow more with "
-            f"--max-error-rate")
+            f"--max-error-rate"
+        )
 
 
 def needs_scoring(trace: ExecutionTrace, engine: RewardEngine) -> bool:
@@ -188,9 +190,15 @@ def _batches(items: list[tuple[str, Path]], size: int) -> list[list[Path]]:
     return batches
 
 
-def score_store(store: TraceStore, engine: RewardEngine, rescore_all: bool = False, progress: Progress | None = None,
-                workers: int = 4, batch_size: int = 16,
-                max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> ScoreSummary:
+def score_store(
+    store: TraceStore,
+    engine: RewardEngine,
+    rescore_all: bool = False,
+    progress: Progress | None = None,
+    workers: int = 4,
+    batch_size: int = 16,
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+) -> ScoreSummary:
     """Score what has no score yet (or everything with `rescore_all`) and write it back. Never prints.
 
     Computes every result first; raises ErrorBudgetExceeded, having written nothing, when more than

@@ -29,10 +29,29 @@ PYTHON_TAGS = frozenset({"python", "py", "python3", "ipython", "pycon"})
 SHELL_TAGS = frozenset({"bash", "sh", "shell", "zsh", "console-bash"})
 JSON_TAGS = frozenset({"json"})
 
-DEFAULT_PYTHON_TOOLS = ("exec_code", "python", "run_python", "execute_python", "python_exec", "sandbox_code",
-                        "code_interpreter", "ipython", "run_code", "execute_code")
-DEFAULT_SHELL_TOOLS = ("bash", "shell", "sh", "vfs_shell", "sandbox_shell", "run_shell", "terminal",
-                       "execute_command", "run_command")
+DEFAULT_PYTHON_TOOLS = (
+    "exec_code",
+    "python",
+    "run_python",
+    "execute_python",
+    "python_exec",
+    "sandbox_code",
+    "code_interpreter",
+    "ipython",
+    "run_code",
+    "execute_code",
+)
+DEFAULT_SHELL_TOOLS = (
+    "bash",
+    "shell",
+    "sh",
+    "vfs_shell",
+    "sandbox_shell",
+    "run_shell",
+    "terminal",
+    "execute_command",
+    "run_command",
+)
 _CODE_KEYS = ("code", "source", "script", "python")
 _SHELL_KEYS = ("command", "cmd", "script", "shell")
 _MAGIC = re.compile(r"^(\s*)[%!].*$", re.MULTILINE)
@@ -73,9 +92,13 @@ def check_json_object(text: str) -> str | None:
 class SyntaxValidationReward(Reward):
     name = "syntax"
 
-    def __init__(self, python_tools: list[str] | tuple[str, ...] = DEFAULT_PYTHON_TOOLS,
-                 shell_tools: list[str] | tuple[str, ...] = DEFAULT_SHELL_TOOLS,
-                 check_shell: bool = True, shell_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        python_tools: list[str] | tuple[str, ...] = DEFAULT_PYTHON_TOOLS,
+        shell_tools: list[str] | tuple[str, ...] = DEFAULT_SHELL_TOOLS,
+        check_shell: bool = True,
+        shell_timeout_s: float = 5.0,
+    ) -> None:
         self.python_tools = frozenset(python_tools)
         self.shell_tools = frozenset(shell_tools)
         self.bash = shutil.which("bash") if check_shell else None
@@ -85,13 +108,24 @@ class SyntaxValidationReward(Reward):
     def pieces(self, trace: ExecutionTrace) -> list[tuple[str, str, str]]:
         """(kind, where, text) for everything this reward checks; kind is python, shell or json."""
         out: list[tuple[str, str, str]] = []
-        texts = [m["content"] for m in trace.messages
-                 if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str)]
+        texts = [
+            m["content"]
+            for m in trace.messages
+            if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        ]
         if trace.final_response and trace.final_response not in texts:
             texts.append(trace.final_response)
         for text in texts:
             for tag, code in code_blocks(text):
-                kind = "python" if tag in PYTHON_TAGS else "shell" if tag in SHELL_TAGS else "json" if tag in JSON_TAGS else None
+                kind = (
+                    "python"
+                    if tag in PYTHON_TAGS
+                    else "shell"
+                    if tag in SHELL_TAGS
+                    else "json"
+                    if tag in JSON_TAGS
+                    else None
+                )
                 if kind and code.strip():
                     out.append((kind, f"```{tag} block", code))
         for view in tool_calls(trace, include_control=True):
@@ -125,8 +159,14 @@ class SyntaxValidationReward(Reward):
         if not self.bash:
             return False
         try:
-            proc = subprocess.run([self.bash, "-n"], input=script, capture_output=True, text=True,
-                                  timeout=self.shell_timeout_s, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+            proc = subprocess.run(
+                [self.bash, "-n"],
+                input=script,
+                capture_output=True,
+                text=True,
+                timeout=self.shell_timeout_s,
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+            )
         except (OSError, subprocess.TimeoutExpired):
             return False
         if proc.returncode == 0:

@@ -28,8 +28,18 @@ from flowrl.schema import ExecutionTrace
 from flowrl.transcript import TranscriptCall, transcript_calls
 
 __all__ = [
-    "CONTROL_TOOLS", "ToolCallView", "answer_text", "assistant_texts", "assistant_turns", "code_blocks",
-    "final_answer_call", "group_key", "is_manual_label", "message_tool_calls", "recorded_transcript", "strip_code",
+    "CONTROL_TOOLS",
+    "ToolCallView",
+    "answer_text",
+    "assistant_texts",
+    "assistant_turns",
+    "code_blocks",
+    "final_answer_call",
+    "group_key",
+    "is_manual_label",
+    "message_tool_calls",
+    "recorded_transcript",
+    "strip_code",
     "tool_calls",
 ]
 
@@ -48,8 +58,11 @@ def message_tool_calls(trace: ExecutionTrace) -> list[tuple[dict[str, Any], str 
 
 def assistant_texts(trace: ExecutionTrace) -> list[str]:
     """Everything the model wrote as text: assistant message contents, else the final response."""
-    texts = [m["content"] for m in trace.messages
-             if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]]
+    texts = [
+        m["content"]
+        for m in trace.messages
+        if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]
+    ]
     if trace.final_response and trace.final_response not in texts:
         texts.append(trace.final_response)
     return texts

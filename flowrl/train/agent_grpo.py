@@ -42,14 +42,18 @@ def resolve_adapter(spec: str | AgentAdapter | Callable[[], AgentAdapter]) -> Ag
     else:
         module_name, _, name = spec.partition(":")
         if not module_name or not name:
-            raise ConfigError(f"--agent {spec!r}: use `example` or `module:function` (a function returning an AgentAdapter)")
+            raise ConfigError(
+                f"--agent {spec!r}: use `example` or `module:function` (a function returning an AgentAdapter)"
+            )
         try:
             factory = getattr(importlib.import_module(module_name), name)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"--agent {spec!r}: cannot import {spec} ({exc})") from exc
         made = factory()
     if not isinstance(made, AgentAdapter):
-        raise ConfigError(f"--agent {spec!r} returned a {type(made).__name__}, not a flowrl.train.agent_rollout.AgentAdapter")
+        raise ConfigError(
+            f"--agent {spec!r} returned a {type(made).__name__}, not a flowrl.train.agent_rollout.AgentAdapter"
+        )
     return made
 
 
@@ -61,9 +65,15 @@ def tasks_data(adapter: AgentAdapter) -> Any:
 
     rows = task_rows(rollout_task(t, i) for i, t in enumerate(adapter.tasks))
     if not rows:
-        raise ConfigError(f"agent {adapter.name} brings no training tasks: pass --dataset, or give the AgentAdapter tasks")
-    return LoadedData(train=require("datasets").Dataset.from_list(rows), eval=None,
-                      meta={"method": "grpo"}, source=f"{len(rows)} tasks of {adapter.name}")
+        raise ConfigError(
+            f"agent {adapter.name} brings no training tasks: pass --dataset, or give the AgentAdapter tasks"
+        )
+    return LoadedData(
+        train=require("datasets").Dataset.from_list(rows),
+        eval=None,
+        meta={"method": "grpo"},
+        source=f"{len(rows)} tasks of {adapter.name}",
+    )
 
 
 @dataclass
@@ -81,23 +91,35 @@ def agent_grpo(config: Any, adapter: AgentAdapter, tasks: list[Any], store: Path
     turn_tokens = config.turn_tokens or DEFAULT_TURN_TOKENS
     episode_tokens = config.max_completion_length or DEFAULT_EPISODE_TOKENS
     if turn_tokens > episode_tokens:
-        raise ConfigError(f"--turn-tokens {turn_tokens} is more than the episode's --max-completion-length "
-                          f"{episode_tokens}: lower it or raise --max-completion-length")
-    rollout = AgentRollout(adapter, tasks, store=store, turn_tokens=turn_tokens, episode_tokens=episode_tokens,
-                           max_turns=config.max_turns)
+        raise ConfigError(
+            f"--turn-tokens {turn_tokens} is more than the episode's --max-completion-length "
+            f"{episode_tokens}: lower it or raise --max-completion-length"
+        )
+    rollout = AgentRollout(
+        adapter, tasks, store=store, turn_tokens=turn_tokens, episode_tokens=episode_tokens, max_turns=config.max_turns
+    )
     funcs, weights = online_reward_funcs(config)
     if adapter.grade is not None:
         funcs.append(host_grade_func(adapter, rollout))
         weights.append(HOST_GRADE_WEIGHT)
     with_reference = sum(t.reference is not None for t in rollout.tasks.values())
-    info = {"agent": adapter.name, "tasks": len(rollout.tasks), "tasks_with_reference": with_reference,
-            "duplicate_tasks": rollout.duplicates, "store": str(store), "turn_tokens": turn_tokens,
-            "episode_tokens": episode_tokens, "max_turns": config.max_turns,
-            "drop_zero_std_groups": config.drop_zero_std_groups}
+    info = {
+        "agent": adapter.name,
+        "tasks": len(rollout.tasks),
+        "tasks_with_reference": with_reference,
+        "duplicate_tasks": rollout.duplicates,
+        "store": str(store),
+        "turn_tokens": turn_tokens,
+        "episode_tokens": episode_tokens,
+        "max_turns": config.max_turns,
+        "drop_zero_std_groups": config.drop_zero_std_groups,
+    }
     if not with_reference and adapter.grade is None:
-        log.warning("flowrl: none of the %d training tasks has a reference answer and the adapter has no grade "
-                    "function: rewards judge how runs went (task_completion, tools), not whether answers are right",
-                    len(rollout.tasks))
+        log.warning(
+            "flowrl: none of the %d training tasks has a reference answer and the adapter has no grade "
+            "function: rewards judge how runs went (task_completion, tools), not whether answers are right",
+            len(rollout.tasks),
+        )
     return AgentGRPO(rollout, funcs, weights, info)
 
 
@@ -106,8 +128,13 @@ def host_grade_func(adapter: AgentAdapter, rollout: AgentRollout) -> Callable[..
     by_id: dict[str, RolloutTask] = {t.task_id: t for t in rollout.tasks.values()}
     failed = {"n": 0}
 
-    def host_grade(prompts: list[Any], completions: list[Any], agent_answer: list[str] | None = None,
-                   task_id: list[str] | None = None, **_: Any) -> list[float | None]:
+    def host_grade(
+        prompts: list[Any],
+        completions: list[Any],
+        agent_answer: list[str] | None = None,
+        task_id: list[str] | None = None,
+        **_: Any,
+    ) -> list[float | None]:
         out: list[float | None] = []
         for answer, tid in zip(agent_answer or [], task_id or []):
             task = by_id[tid]
@@ -116,8 +143,12 @@ def host_grade_func(adapter: AgentAdapter, rollout: AgentRollout) -> Callable[..
             except Exception as exc:  # noqa: BLE001 - the host's grader failing is "cannot judge", said once
                 failed["n"] += 1
                 if failed["n"] == 1:
-                    log.warning("flowrl: the adapter's grade function raised on task %s (%s): None for it; "
-                                "later failures are counted only", tid, exc)
+                    log.warning(
+                        "flowrl: the adapter's grade function raised on task %s (%s): None for it; "
+                        "later failures are counted only",
+                        tid,
+                        exc,
+                    )
                 out.append(None)
         return out
 
@@ -134,14 +165,22 @@ def agent_grpo_trainer(base: type, *, drop_zero_std: bool = True) -> type:
             dropped = self._drop_zero_std(out) if drop_zero_std and mode == "train" else 0
             metrics = self._metrics[mode]
             metrics["flowrl/zero_std_groups_dropped"].append(float(dropped))
-            rewards = {k[len("rewards/"):-len("/mean")]: v[-1] for k, v in metrics.items()
-                       if k.startswith("rewards/") and k.endswith("/mean") and v}
+            rewards = {
+                k[len("rewards/") : -len("/mean")]: v[-1]
+                for k, v in metrics.items()
+                if k.startswith("rewards/") and k.endswith("/mean") and v
+            }
             groups = len(out["advantages"]) // self.num_generations
-            log.info("flowrl rewards on the executed trajectories: reward %.3f (std %.3f), %s; groups with equal "
-                     "rewards: %d of %d, %s", metrics["reward"][-1], metrics["reward_std"][-1],
-                     ", ".join(f"{k} {v:.3f}" for k, v in rewards.items() if v == v) or "no reward could judge",
-                     round(metrics["frac_reward_zero_std"][-1] * groups), groups,
-                     f"{dropped} dropped from the loss" if drop_zero_std else "kept (--keep-zero-std)")
+            log.info(
+                "flowrl rewards on the executed trajectories: reward %.3f (std %.3f), %s; groups with equal "
+                "rewards: %d of %d, %s",
+                metrics["reward"][-1],
+                metrics["reward_std"][-1],
+                ", ".join(f"{k} {v:.3f}" for k, v in rewards.items() if v == v) or "no reward could judge",
+                round(metrics["frac_reward_zero_std"][-1] * groups),
+                groups,
+                f"{dropped} dropped from the loss" if drop_zero_std else "kept (--keep-zero-std)",
+            )
             return out
 
         def _drop_zero_std(self, out: dict[str, Any]) -> int:

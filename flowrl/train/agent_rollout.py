@@ -58,9 +58,18 @@ class PolicyBackend(TokensInBackend):
     `episode()` gives a fresh backend for one run with its bounds; it records the run's calls (`calls`).
     """
 
-    def __init__(self, policy: ModelScope, tokenizer: Any, *, temperature: float, max_new_tokens: int,
-                 generation_config: Any = None, name: str = "policy", episode_tokens: int | None = None,
-                 max_turns: int | None = None) -> None:
+    def __init__(
+        self,
+        policy: ModelScope,
+        tokenizer: Any,
+        *,
+        temperature: float,
+        max_new_tokens: int,
+        generation_config: Any = None,
+        name: str = "policy",
+        episode_tokens: int | None = None,
+        max_turns: int | None = None,
+    ) -> None:
         super().__init__(name, max_new_tokens=max_new_tokens, temperature=temperature, tokenizer=tokenizer)
         self._policy = policy
         self._generation_config = generation_config
@@ -79,11 +88,17 @@ class PolicyBackend(TokensInBackend):
         from trl.models import unwrap_model_for_generation
 
         def policy() -> AbstractContextManager[Any]:
-            return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                               generation_kwargs=trainer.generation_kwargs)
+            return unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, generation_kwargs=trainer.generation_kwargs
+            )
 
-        backend = cls(policy, trainer.processing_class, temperature=trainer.temperature, max_new_tokens=max_new_tokens,
-                      generation_config=trainer.generation_config)
+        backend = cls(
+            policy,
+            trainer.processing_class,
+            temperature=trainer.temperature,
+            max_new_tokens=max_new_tokens,
+            generation_config=trainer.generation_config,
+        )
         backend._also_stop_at(list(getattr(trainer, "eos_token_ids", []) or []))
         if getattr(trainer, "use_vllm", False):
             backend._vllm = colocated_vllm(trainer)
@@ -91,9 +106,16 @@ class PolicyBackend(TokensInBackend):
 
     def episode(self, *, episode_tokens: int | None, max_turns: int | None) -> PolicyBackend:
         """A fresh backend for one run: the same policy, no earlier replies, its own bounds and record."""
-        fresh = PolicyBackend(self._policy, self.tokenizer, temperature=self.temperature,
-                              max_new_tokens=self.max_new_tokens, generation_config=self._generation_config,
-                              name=self.model_name, episode_tokens=episode_tokens, max_turns=max_turns)
+        fresh = PolicyBackend(
+            self._policy,
+            self.tokenizer,
+            temperature=self.temperature,
+            max_new_tokens=self.max_new_tokens,
+            generation_config=self._generation_config,
+            name=self.model_name,
+            episode_tokens=episode_tokens,
+            max_turns=max_turns,
+        )
         fresh._also_stop_at(sorted(self._stop_ids))
         fresh._vllm = self._vllm
         return fresh
@@ -134,27 +156,34 @@ class PolicyBackend(TokensInBackend):
                 config.temperature = self.temperature
             config.return_dict_in_generate, config.output_logits = True, True
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
-        sampled = out.sequences[0, len(prompt):].tolist()
+        sampled = out.sequences[0, len(prompt) :].tolist()
         end = next((i for i, token in enumerate(sampled) if token in self._stop_ids), None)
         if end is not None:
             sampled = sampled[: end + 1]  # what follows the end-of-turn token is padding
         scale = self.temperature if self.temperature > 0 else 1.0
-        logprobs = [float(torch.log_softmax(out.logits[t][0].float() / scale, dim=-1)[token])
-                    for t, token in enumerate(sampled)]
+        logprobs = [
+            float(torch.log_softmax(out.logits[t][0].float() / scale, dim=-1)[token]) for t, token in enumerate(sampled)
+        ]
         return sampled, logprobs
 
     def _generate_vllm(self, prompt: list[int]) -> tuple[list[int], list[float]]:
         """One reply from the colocated engine: ids in, ids and their processed (temperature-scaled) logprobs out,
         stopping at the same end-of-turn ids as transformers would."""
         vllm = require("vllm")
-        params = vllm.SamplingParams(n=1, temperature=self.temperature, max_tokens=self._turn_limit, logprobs=0,
-                                     stop_token_ids=sorted(self._stop_ids))
+        params = vllm.SamplingParams(
+            n=1,
+            temperature=self.temperature,
+            max_tokens=self._turn_limit,
+            logprobs=0,
+            stop_token_ids=sorted(self._stop_ids),
+        )
         (request,) = self._vllm.generate([{"prompt_token_ids": list(prompt)}], sampling_params=params, use_tqdm=False)
         output = request.outputs[0]
         sampled = [int(t) for t in output.token_ids]
         if output.logprobs is None:
-            raise FlowRLError("vLLM returned no logprobs for a rollout turn: it must run with logprobs (TRL's colocate "
-                              "engine does)")
+            raise FlowRLError(
+                "vLLM returned no logprobs for a rollout turn: it must run with logprobs (TRL's colocate engine does)"
+            )
         logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs, sampled)]
         return sampled, logprobs
 
@@ -249,7 +278,9 @@ def rollout_task(task: Any, index: int = 0) -> RolloutTask:
     elif query is None and isinstance(prompt, str):
         query = prompt
     if not isinstance(query, str) or not query.strip():
-        raise FlowRLError(f"training task {index} has no query (a `query`, or a `prompt` with a user turn): fix the task list")
+        raise FlowRLError(
+            f"training task {index} has no query (a `query`, or a `prompt` with a user turn): fix the task list"
+        )
     columns = task if isinstance(task, dict) else {k: _field(task, k) for k in (*REFERENCE_KEYS, "reference_source")}
     reference = reference_in(columns)  # never one a dataset builder guessed from another run's answer
     task_id = _field(task, "task_id") or _field(task, "group_key") or f"task-{index}"
@@ -292,15 +323,29 @@ class RolloutStats:
     last: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"episodes": self.episodes, "masked": dict(self.masked), "stopped": dict(self.stopped),
-                "errors": self.errors, "written": self.written, "tool_calls": self.tool_calls}
+        return {
+            "episodes": self.episodes,
+            "masked": dict(self.masked),
+            "stopped": dict(self.stopped),
+            "errors": self.errors,
+            "written": self.written,
+            "tool_calls": self.tool_calls,
+        }
 
 
 class AgentRollout:
     """TRL's `rollout_func` running `adapter`'s agent on the policy, one episode per prompt copy."""
 
-    def __init__(self, adapter: AgentAdapter, tasks: Sequence[Any], *, store: Any, turn_tokens: int,
-                 episode_tokens: int, max_turns: int | None) -> None:
+    def __init__(
+        self,
+        adapter: AgentAdapter,
+        tasks: Sequence[Any],
+        *,
+        store: Any,
+        turn_tokens: int,
+        episode_tokens: int,
+        max_turns: int | None,
+    ) -> None:
         from flowrl.store import TraceStore
         from flowrl.train.offline_grpo import prompt_key
 
@@ -317,11 +362,16 @@ class AgentRollout:
                 continue
             self.tasks[key] = task
         if not self.tasks:
-            raise FlowRLError("online GRPO through the agent needs training tasks: the adapter gave none "
-                              "(pass --dataset, or tasks in the AgentAdapter)")
+            raise FlowRLError(
+                "online GRPO through the agent needs training tasks: the adapter gave none "
+                "(pass --dataset, or tasks in the AgentAdapter)"
+            )
         if self.duplicates:
-            log.warning("flowrl: %d training tasks repeat another's query and were left out (the rollout "
-                        "knows a task only by its prompt)", self.duplicates)
+            log.warning(
+                "flowrl: %d training tasks repeat another's query and were left out (the rollout "
+                "knows a task only by its prompt)",
+                self.duplicates,
+            )
         self.stats = RolloutStats()
         self._base: PolicyBackend | None = None
         self._said: set[str] = set()
@@ -373,8 +423,14 @@ class AgentRollout:
         metadata: dict[str, Any] = {"task_id": task.task_id, "rollout": session}
         if task.reference is not None:
             metadata["reference_answer"] = task.reference
-        hook = hook_into_agent(agent, store=self.store, source="train", metadata=metadata,
-                               on_trace=lambda trace: got.setdefault("trace", trace), **self.adapter.hook_options)
+        hook = hook_into_agent(
+            agent,
+            store=self.store,
+            source="train",
+            metadata=metadata,
+            on_trace=lambda trace: got.setdefault("trace", trace),
+            **self.adapter.hook_options,
+        )
         answer, error = "", None
         try:
             answer = str(await self.adapter.run(agent, task))
@@ -386,8 +442,9 @@ class AgentRollout:
             hook.unhook()
         return self._assemble(backend, task, answer, got.get("trace"), error)
 
-    def _assemble(self, backend: PolicyBackend, task: RolloutTask, answer: str, trace: Any,
-                  error: str | None) -> Episode:
+    def _assemble(
+        self, backend: PolicyBackend, task: RolloutTask, answer: str, trace: Any, error: str | None
+    ) -> Episode:
         from flowrl.data.tokens import merge_calls
 
         calls = backend.calls
@@ -431,8 +488,11 @@ class AgentRollout:
             s.written += e.trace is not None
             s.tool_calls += len(e.trace.tool_calls) if e.trace is not None else 0
         if any(e.trace is None for e in episodes):
-            self._say("trace", f"{sum(e.trace is None for e in episodes)} episodes were not captured into "
-                               f"{self.store.root}: they get no loss and no reward (see the capture warnings above)")
+            self._say(
+                "trace",
+                f"{sum(e.trace is None for e in episodes)} episodes were not captured into "
+                f"{self.store.root}: they get no loss and no reward (see the capture warnings above)",
+            )
         kept = [e for e in episodes if e.masked is None]
         lengths = [len(e.completion_ids) for e in episodes]
         tool = sum(e.tool_tokens for e in kept)
@@ -440,31 +500,57 @@ class AgentRollout:
         turns = [e.turns for e in episodes]
         calls = [len(e.trace.tool_calls) for e in episodes if e.trace is not None]
         s.last = {
-            "episodes": len(episodes), "turns_mean": sum(turns) / len(turns), "turns_max": max(turns),
-            "tool_calls": sum(calls), "completion_tokens_mean": sum(lengths) / len(lengths),
-            "completion_tokens_max": max(lengths), "masked_tool_tokens": tool,
+            "episodes": len(episodes),
+            "turns_mean": sum(turns) / len(turns),
+            "turns_max": max(turns),
+            "tool_calls": sum(calls),
+            "completion_tokens_mean": sum(lengths) / len(lengths),
+            "completion_tokens_max": max(lengths),
+            "masked_tool_tokens": tool,
             "masked_tool_frac": tool / total if total else 0.0,
-            "episodes_masked": len(episodes) - len(kept), "masked": dict(Counter(e.masked for e in episodes if e.masked)),
+            "episodes_masked": len(episodes) - len(kept),
+            "masked": dict(Counter(e.masked for e in episodes if e.masked)),
             "stopped": dict(Counter(e.stopped for e in episodes if e.stopped)),
             "written": sum(e.trace is not None for e in episodes),
         }
         metrics = getattr(trainer, "_metrics", None)
         if isinstance(metrics, dict) and "train" in metrics:
-            for key in ("turns_mean", "turns_max", "tool_calls", "completion_tokens_mean", "masked_tool_frac",
-                        "episodes_masked", "written"):
+            for key in (
+                "turns_mean",
+                "turns_max",
+                "tool_calls",
+                "completion_tokens_mean",
+                "masked_tool_frac",
+                "episodes_masked",
+                "written",
+            ):
                 metrics["train"][f"flowrl/rollout/{key}"].append(float(s.last[key]))
             for reason in ("tokens", "turns"):
                 metrics["train"][f"flowrl/rollout/stopped_{reason}"].append(float(s.last["stopped"].get(reason, 0)))
         last = s.last
         why = ", ".join(f"{reason} {n}" for reason, n in last["masked"].items())
-        log.info("flowrl rollouts (step %d): %d episodes through %s, turns %.1f mean / %d max, %d tool calls executed; "
-                 "completion %.0f tokens mean / %d max, %d tool-output and header tokens masked (env_mask 0, %.0f%% of "
-                 "kept tokens); no loss on %d episodes%s; stopped by max_turns %d, by the token budget %d; %d traces "
-                 "written to %s (source train)", step, last["episodes"], self.adapter.name, last["turns_mean"],
-                 last["turns_max"], last["tool_calls"], last["completion_tokens_mean"], last["completion_tokens_max"],
-                 last["masked_tool_tokens"], 100 * last["masked_tool_frac"], last["episodes_masked"],
-                 f" ({why})" if why else "", last["stopped"].get("turns", 0), last["stopped"].get("tokens", 0),
-                 last["written"], self.store.root)
+        log.info(
+            "flowrl rollouts (step %d): %d episodes through %s, turns %.1f mean / %d max, %d tool calls executed; "
+            "completion %.0f tokens mean / %d max, %d tool-output and header tokens masked (env_mask 0, %.0f%% of "
+            "kept tokens); no loss on %d episodes%s; stopped by max_turns %d, by the token budget %d; %d traces "
+            "written to %s (source train)",
+            step,
+            last["episodes"],
+            self.adapter.name,
+            last["turns_mean"],
+            last["turns_max"],
+            last["tool_calls"],
+            last["completion_tokens_mean"],
+            last["completion_tokens_max"],
+            last["masked_tool_tokens"],
+            100 * last["masked_tool_frac"],
+            last["episodes_masked"],
+            f" ({why})" if why else "",
+            last["stopped"].get("turns", 0),
+            last["stopped"].get("tokens", 0),
+            last["written"],
+            self.store.root,
+        )
 
     def _say(self, key: str, message: str) -> None:
         """Log `message` the first time `key` comes up; later ones are counted in `stats`."""

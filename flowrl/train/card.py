@@ -21,7 +21,7 @@ def _metrics_table(rows: list[dict[str, Any]], limit: int = 20) -> str:
     if not steps:
         return "_No training step was logged._"
     columns = [c for c in METRIC_COLUMNS if any(r.get(c) is not None for r in steps)]
-    shown = steps if len(steps) <= limit else steps[: limit // 2] + steps[-limit // 2:]
+    shown = steps if len(steps) <= limit else steps[: limit // 2] + steps[-limit // 2 :]
     lines = ["| step | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for r in shown:
         lines.append(f"| {r['step']} | " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
@@ -37,8 +37,12 @@ def render_training_card(record: dict[str, Any], rows: list[dict[str, Any]]) -> 
     settings = res.get("settings", {})
     hardware = res.get("hardware", {})
     lora = cfg.get("lora", {})
-    adapter = (f"LoRA rank {lora.get('r')}, alpha {lora.get('alpha')}, dropout {lora.get('dropout')}, "
-               f"target {lora.get('target_modules')}" if lora.get("enabled") else "full fine-tuning (no LoRA)")
+    adapter = (
+        f"LoRA rank {lora.get('r')}, alpha {lora.get('alpha')}, dropout {lora.get('dropout')}, "
+        f"target {lora.get('target_modules')}"
+        if lora.get("enabled")
+        else "full fine-tuning (no LoRA)"
+    )
     if settings.get("load_in_4bit"):
         adapter += ", base loaded in 4 bits (QLoRA)"
     status = "interrupted (Ctrl-C), saved at the last step" if res.get("interrupted") else "finished"
@@ -57,7 +61,9 @@ def render_training_card(record: dict[str, Any], rows: list[dict[str, Any]]) -> 
         "",
         f"- base model: `{record['base_model']['spec']}` ({record['base_model']['path']})",
         f"- adapter: {adapter}",
-        f"- merged model: `{res['merged_dir']}`" if res.get("merged_dir") else "- merged model: not requested (`--merge`)",
+        f"- merged model: `{res['merged_dir']}`"
+        if res.get("merged_dir")
+        else "- merged model: not requested (`--merge`)",
         "",
         "## Data",
         "",

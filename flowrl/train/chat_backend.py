@@ -44,9 +44,18 @@ class TokensInBackend:
     sampled replies put back as their sampled ids (`reuse_sampled`), and the `Completion` a call returns.
     A subclass implements `_generate(prompt ids) -> (sampled ids, logprobs)`."""
 
-    def __init__(self, model_dir: str | Path, *, adapter: str | Path | None = None, max_new_tokens: int = 96,
-                 temperature: float = 0.8, seed: int = 0, top_p: float = 0.95, top_k: int = 50,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        adapter: str | Path | None = None,
+        max_new_tokens: int = 96,
+        temperature: float = 0.8,
+        seed: int = 0,
+        top_p: float = 0.95,
+        top_k: int = 50,
+        tokenizer: Any = None,
+    ) -> None:
         if max_new_tokens < 1:
             raise ConfigError(f"{type(self).__name__} needs max_new_tokens >= 1 (got {max_new_tokens})")
         self.model_dir = Path(model_dir)
@@ -81,8 +90,9 @@ class TokensInBackend:
         """The prompt ids for `messages`: the chat template's rendering, earlier replies as their sampled ids."""
         clean = [{"role": m["role"], "content": _content(m)} for m in messages]
         with self._tokenizer_lock:
-            rendered = self.tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=True,
-                                                          return_dict=True)
+            rendered = self.tokenizer.apply_chat_template(
+                clean, add_generation_prompt=True, tokenize=True, return_dict=True
+            )
         prompt = self.reuse_sampled([int(i) for i in rendered["input_ids"]])
         if not prompt:
             raise ValueError("the chat template rendered an empty prompt: pass at least one message")
@@ -103,9 +113,13 @@ class TokensInBackend:
         with self._tokenizer_lock:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         completion = Completion(
-            text=text, prompt_tokens=len(prompt), completion_tokens=len(tokens),
-            prompt_token_ids=list(prompt), token_ids=list(tokens),
-            logprobs=[round(v, 6) for v in logprobs], tokenizer=self.fingerprint,
+            text=text,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(tokens),
+            prompt_token_ids=list(prompt),
+            token_ids=list(tokens),
+            logprobs=[round(v, 6) for v in logprobs],
+            tokenizer=self.fingerprint,
         )
         with self._sampled_lock:  # before the caller hears back, so its next turn finds this reply
             self._sampled.append((tuple(prompt), tuple(tokens)))
@@ -126,7 +140,7 @@ class TokensInBackend:
                 continue
             sampled = self._closest(replies[prompt], ids[n:end])
             # the template's end-of-turn token stays when the reply was cut off before its own
-            tail = ids[end + 1:] if sampled and sampled[-1] in self._end_ids else ids[end:]
+            tail = ids[end + 1 :] if sampled and sampled[-1] in self._end_ids else ids[end:]
             ids = [*prompt, *sampled, *tail]
         return ids
 

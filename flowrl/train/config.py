@@ -24,7 +24,6 @@ DEFAULT_BASE_MODEL = "smollm2-135m"
 AGENT_TEMPERATURE = 0.7
 
 
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,7 +76,9 @@ class TrainingConfig(_Strict):
     reward_config: Path | None = None
     rewards: list[str] | None = None
     reward_weights: list[float] | None = None
-    temperature: float | None = Field(None, gt=0)  # sampling; default 1.0, and 0.7 through an agent (as `flowrl improve`)
+    temperature: float | None = Field(
+        None, gt=0
+    )  # sampling; default 1.0, and 0.7 through an agent (as `flowrl improve`)
 
     # GRPO through the agent's own loop (flowrl.train.agent_rollout): `example` or `module:function`
     agent: str | None = None
@@ -126,15 +127,21 @@ class TrainingConfig(_Strict):
     def _check(self) -> TrainingConfig:
         from flowrl.methods import get_method
 
-        if self.reward_weights is not None and self.rewards is not None and len(self.reward_weights) != len(self.rewards):
+        if (
+            self.reward_weights is not None
+            and self.rewards is not None
+            and len(self.reward_weights) != len(self.rewards)
+        ):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} values for {len(self.rewards)} rewards")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError("max_steps must be a positive number of steps (or -1: run num_train_epochs)")
         if self.agent is not None and self.method != "grpo":
             raise ValueError(f"agent: rollouts through an agent are for --method grpo, not {self.method}")
         if self.use_vllm and self.agent is not None and self.vllm_mode != "colocate":
-            raise ValueError("vllm_mode: rollouts through an agent generate with colocated vLLM only "
-                             "(--vllm-mode colocate); server mode gathers prompts across ranks per call")
+            raise ValueError(
+                "vllm_mode: rollouts through an agent generate with colocated vLLM only "
+                "(--vllm-mode colocate); server mode gathers prompts across ranks per call"
+            )
         if self.use_vllm and not get_method(self.method).is_grpo:
             raise ValueError(f"use_vllm: vLLM generates GRPO completions; {self.method} does not generate")
         if self.dataset is None and self.agent is None:

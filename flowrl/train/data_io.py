@@ -22,7 +22,6 @@ META_FILE = "flowrl_dataset.json"
 EVAL_SPLITS = ("validation", "eval", "test")
 
 
-
 @dataclass
 class LoadedData:
     train: Any
@@ -82,7 +81,9 @@ def load_dataset_dir(path: Path | str) -> LoadedData:
         return LoadedData(train=loaded, eval=None, meta=meta, source=str(p))
     for folder in (p, p / "data"):
         if (folder / "train.jsonl").is_file():
-            evals = next((_from_jsonl(folder / f"{s}.jsonl") for s in EVAL_SPLITS if (folder / f"{s}.jsonl").is_file()), None)
+            evals = next(
+                (_from_jsonl(folder / f"{s}.jsonl") for s in EVAL_SPLITS if (folder / f"{s}.jsonl").is_file()), None
+            )
             return LoadedData(train=_from_jsonl(folder / "train.jsonl"), eval=evals, meta=meta, source=str(p))
     raise ConfigError(
         f"dataset {p} holds neither a saved DatasetDict nor train.jsonl: build it with `flowrl build-dataset --out {p}`"

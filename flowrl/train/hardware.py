@@ -139,7 +139,9 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
     accumulation = 2 if multi else 4
     notes = []
     if not multi and hw.gpu_count > 1:
-        notes.append(f"{hw.gpu_count} GPUs are visible but this is one process: use `accelerate launch` to use them all")
+        notes.append(
+            f"{hw.gpu_count} GPUs are visible but this is one process: use `accelerate launch` to use them all"
+        )
     return HardwareProfile(
         name="multi-gpu" if multi else "single-gpu",
         per_device_train_batch_size=batch,
@@ -191,7 +193,9 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
     if load_in_4bit and not config.lora.enabled:
         raise ConfigError("4-bit loading (QLoRA) trains an adapter: it needs LoRA enabled")
     if load_in_4bit and not (hw.accelerator == "cuda" and hw.bitsandbytes):
-        raise ConfigError("4-bit loading (QLoRA) needs a CUDA GPU and bitsandbytes: `pip install bitsandbytes`, or drop it")
+        raise ConfigError(
+            "4-bit loading (QLoRA) needs a CUDA GPU and bitsandbytes: `pip install bitsandbytes`, or drop it"
+        )
 
     generations = config.num_generations or prof.num_generations
     from flowrl.methods import get_method
@@ -207,7 +211,9 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
                     f"(batch {batch} x {world} processes x accumulation {accumulation} = {batch * world * accumulation}): "
                     "change --batch-size or --num-generations"
                 )
-            batch = next(b for b in range(batch, batch * generations + 1) if (b * world * accumulation) % generations == 0)
+            batch = next(
+                b for b in range(batch, batch * generations + 1) if (b * world * accumulation) % generations == 0
+            )
             notes.append(f"batch size raised to {batch} so that groups of {generations} completions fit")
     if spec.encoding == "kto" and batch * world < 2:
         raise ConfigError("KTO needs a batch of at least 2 (its KL estimate uses the other rows): raise --batch-size")
@@ -218,7 +224,9 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         gradient_accumulation_steps=accumulation,
         num_generations=generations,
         precision=precision,
-        gradient_checkpointing=prof.gradient_checkpointing if config.gradient_checkpointing is None else config.gradient_checkpointing,
+        gradient_checkpointing=prof.gradient_checkpointing
+        if config.gradient_checkpointing is None
+        else config.gradient_checkpointing,
         use_cpu=prof.use_cpu,
         load_in_4bit=load_in_4bit,
         max_length=config.max_length or prof.max_length,

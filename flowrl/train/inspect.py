@@ -42,8 +42,9 @@ def _split(path: Path, split: str) -> tuple[Any, dict[str, Any]]:
     raise ConfigError(f"--split {split}: use train or validation")
 
 
-def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, split: str = "train",
-             method: str | None = None) -> ShownRow:
+def show_row(
+    path: Path | str, *, base_model: str | None = None, row: int = 0, split: str = "train", method: str | None = None
+) -> ShownRow:
     """Encode row `row` of `split` of the dataset at `path` with `base_model`'s tokenizer."""
     from flowrl.data.encode import EncodeStats, row_sequences
     from flowrl.methods import canonical_method
@@ -61,9 +62,15 @@ def show_row(path: Path | str, *, base_model: str | None = None, row: int = 0, s
     sequences = row_sequences(method, dataset[row], renderer, stats)
     shown = []
     for seq in sequences:
-        shown.append({"input_ids": seq.input_ids, "loss_mask": seq.loss_mask, "source": seq.source,
-                      "text": tokenizer.decode(seq.input_ids),
-                      "tokens": [tokenizer.decode([t]) for t in seq.input_ids]})
+        shown.append(
+            {
+                "input_ids": seq.input_ids,
+                "loss_mask": seq.loss_mask,
+                "source": seq.source,
+                "text": tokenizer.decode(seq.input_ids),
+                "tokens": [tokenizer.decode([t]) for t in seq.input_ids],
+            }
+        )
     return ShownRow(method, split, row, len(dataset), shown, list(renderer.stats.notes))
 
 

@@ -173,10 +173,14 @@ class OfflineGroups:
         for group in self.groups.values():
             group.encoded = []
             for completion, tokens in zip(group.completions, group.tokens or [None] * len(group.completions)):
-                p, c, m, logps, source = trajectory_parts(group.prompt, completion, tokens, group.tools, renderer, stats)
+                p, c, m, logps, source = trajectory_parts(
+                    group.prompt, completion, tokens, group.tools, renderer, stats
+                )
                 if not c:
-                    raise ConfigError(f"a logged trajectory of {str(group.prompt)[:80]} encodes to no completion token: "
-                                      "rebuild the dataset")
+                    raise ConfigError(
+                        f"a logged trajectory of {str(group.prompt)[:80]} encodes to no completion token: "
+                        "rebuild the dataset"
+                    )
                 stats.sources[source] += 1
                 group.encoded.append(Encoded(p, c, m, logps, source))
             stats.rows_in += 1
@@ -222,8 +226,10 @@ class OfflineGroups:
             logprobs = [list(e.logprobs) for e in picked]  # type: ignore[arg-type]
         elif not self._said_on_policy:
             self._said_on_policy = True
-            log.warning("flowrl: offline GRPO: some logged completions have no sampling log-probabilities, so they are "
-                        "treated as if the current policy had sampled them (importance ratio 1, no off-policy correction)")
+            log.warning(
+                "flowrl: offline GRPO: some logged completions have no sampling log-probabilities, so they are "
+                "treated as if the current policy had sampled them (importance ratio 1, no off-policy correction)"
+            )
         return {
             "prompt_ids": [list(e.prompt_ids) for e in picked],
             "completion_ids": [list(e.completion_ids) for e in picked],

@@ -33,9 +33,23 @@ log = logging.getLogger(__name__)
 RUN_FILE = "flowrl_train.json"
 METRICS_FILE = "metrics.jsonl"
 # what `overwrite` removes from an output folder (never anything else)
-RUN_OUTPUTS = ("metrics.jsonl", "README.md", RUN_FILE, "adapter_model.safetensors", "adapter_config.json",
-               "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "chat_template.jinja", "special_tokens_map.json", "training_args.bin", "merged", "runs")
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "README.md",
+    RUN_FILE,
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "training_args.bin",
+    "merged",
+    "runs",
+)
 # a folder holding one of these has a saved model or run record: only --resume or --overwrite may touch it
 SAVED_MARKERS = (RUN_FILE, "adapter_model.safetensors", "model.safetensors")
 
@@ -74,8 +88,11 @@ class TrainResult:
 def last_checkpoint(output_dir: Path) -> Path | None:
     """The newest complete checkpoint: TRL writes `trainer_state.json` last, so a folder without it was cut off
     while being saved (Ctrl-C twice) and cannot be resumed from."""
-    ckpts = [p for p in output_dir.glob("checkpoint-*")
-             if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()]
+    ckpts = [
+        p
+        for p in output_dir.glob("checkpoint-*")
+        if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()
+    ]
     return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
 
 
@@ -96,8 +113,9 @@ def _set_aside_interrupted(out: Path) -> None:
         while (out / f"metrics.interrupted-{n}.jsonl").exists():
             n += 1
         kept = metrics.rename(out / f"metrics.interrupted-{n}.jsonl")
-        log.warning("flowrl: %s holds an interrupted run that saved no checkpoint: starting again (its log: %s)",
-                    out, kept.name)
+        log.warning(
+            "flowrl: %s holds an interrupted run that saved no checkpoint: starting again (its log: %s)", out, kept.name
+        )
 
 
 def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
@@ -117,17 +135,23 @@ def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
                 raise ConfigError(f"--resume {config.resume} is not a checkpoint folder (no trainer_state.json)")
             return out, str(config.resume)
         if found is None and saved is not None:
-            raise ConfigError(f"--resume: {out} holds a run ({saved}) but no complete checkpoint-N folder to "
-                              "continue: pass --overwrite instead of --resume to start over, or another --output-dir")
+            raise ConfigError(
+                f"--resume: {out} holds a run ({saved}) but no complete checkpoint-N folder to "
+                "continue: pass --overwrite instead of --resume to start over, or another --output-dir"
+            )
         if found is None:
-            raise ConfigError(f"--resume: {out} holds no checkpoint-N folder to continue: "
-                              "train without --resume (the same command) to start it")
+            raise ConfigError(
+                f"--resume: {out} holds no checkpoint-N folder to continue: "
+                "train without --resume (the same command) to start it"
+            )
         return out, str(found)
     if found is not None or saved is not None:
         if not config.overwrite:
             if found is None:
-                raise ConfigError(f"{out} already holds a run ({saved}) and no checkpoint to continue: pass "
-                                  "--overwrite to start over, or another --output-dir")
+                raise ConfigError(
+                    f"{out} already holds a run ({saved}) and no checkpoint to continue: pass "
+                    "--overwrite to start over, or another --output-dir"
+                )
             raise ConfigError(
                 f"{out} already holds a run ({found.name}): pass --resume to continue it, "
                 "--overwrite to start over, or another --output-dir"
@@ -159,15 +183,24 @@ def _check_rows_left(trainer: Any, config: TrainingConfig, settings: Any) -> Non
     if n == 0:
         raise TrainingError(
             f"every row of {config.dataset} is longer than max_length={getattr(settings, 'max_length', '?')} tokens "
-            f"(TRL dropped them all): pass a larger --max-length, or build the dataset with a smaller --max-chars")
+            f"(TRL dropped them all): pass a larger --max-length, or build the dataset with a smaller --max-chars"
+        )
 
 
 class RLTrainer:
     """One training run on TRL. `train()` builds the TRL trainer, trains, and saves adapter and tokenizer."""
 
-    def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
-                 data: LoadedData | None = None, model: ResolvedModel | None = None,
-                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None, agent: Any = None):
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        hardware: HardwareInfo | None = None,
+        data: LoadedData | None = None,
+        model: ResolvedModel | None = None,
+        callbacks: list[Any] | None = None,
+        reward_funcs: list[Any] | None = None,
+        agent: Any = None,
+    ):
         self.reward_funcs = reward_funcs
         self.hardware = hardware or detect_hardware()
         self.agent = None  # online GRPO through an agent: its AgentAdapter (flowrl.train.agent_rollout)
@@ -190,7 +223,9 @@ class RLTrainer:
         self.settings: RunSettings = resolve_settings(self.config, self.hardware)
         self.model = model or resolve_model(config.base_model)
         if self.model.adapter:
-            raise ConfigError(f"--base-model {config.base_model} is an adapter: pass its merged model or its base model")
+            raise ConfigError(
+                f"--base-model {config.base_model} is an adapter: pass its merged model or its base model"
+            )
         self.extra_callbacks = list(callbacks or [])
         self.trainer: Any = None
         self.info: dict[str, Any] = {}
@@ -217,9 +252,16 @@ class RLTrainer:
         self.timer = StepTimer()
         callbacks = [self.metrics, self.interrupt, self.timer, *self.extra_callbacks]
         try:
-            self.trainer, self.info = build_trl_trainer(self.config, self.settings, self.model.path, self.data,
-                                                        output_dir, callbacks, reward_funcs=self.reward_funcs,
-                                                        agent=self.agent)
+            self.trainer, self.info = build_trl_trainer(
+                self.config,
+                self.settings,
+                self.model.path,
+                self.data,
+                output_dir,
+                callbacks,
+                reward_funcs=self.reward_funcs,
+                agent=self.agent,
+            )
         except OSError as exc:  # transformers' "not a local folder and the Hub cannot be reached"
             raise ModelError(
                 f"cannot load model {self.model.path}: {str(exc).splitlines()[0]} "
@@ -259,8 +301,10 @@ class RLTrainer:
         # resuming a checkpoint already at max_steps (Ctrl-C after the last save) only writes the model and record
         finished = bool(resume_from) and start_step >= int(trainer.state.max_steps or 0) > 0
         if int(trainer.state.global_step) <= start_step and not self.interrupt.requested and not finished:
-            raise TrainingError(f"no training step ran on {self.config.dataset}: the trainer found no batch to train on "
-                                f"(too few rows for the batch size, or every row longer than max_length); see the log above")
+            raise TrainingError(
+                f"no training step ran on {self.config.dataset}: the trainer found no batch to train on "
+                f"(too few rows for the batch size, or every row longer than max_length); see the log above"
+            )
         trainer.save_model(str(output_dir))
         rows = [r for r in self.metrics.rows if not r.get("summary")]
         summary: dict[str, Any] = next((r for r in reversed(self.metrics.rows) if r.get("summary")), {})
@@ -284,8 +328,15 @@ class RLTrainer:
 class TrainingPipeline:
     """Dataset folder -> trained adapter (+ merged model on request) + training card + run record."""
 
-    def __init__(self, config: TrainingConfig, *, hardware: HardwareInfo | None = None,
-                 callbacks: list[Any] | None = None, reward_funcs: list[Any] | None = None, agent: Any = None):
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        hardware: HardwareInfo | None = None,
+        callbacks: list[Any] | None = None,
+        reward_funcs: list[Any] | None = None,
+        agent: Any = None,
+    ):
         self.config = config
         self.hardware = hardware
         self.callbacks = callbacks
@@ -295,8 +346,13 @@ class TrainingPipeline:
     def run(self) -> TrainResult:
         from flowrl.train.card import render_training_card
 
-        trainer = RLTrainer(self.config, hardware=self.hardware, callbacks=self.callbacks,
-                            reward_funcs=self.reward_funcs, agent=self.agent)
+        trainer = RLTrainer(
+            self.config,
+            hardware=self.hardware,
+            callbacks=self.callbacks,
+            reward_funcs=self.reward_funcs,
+            agent=self.agent,
+        )
         result = trainer.train()
         if not trainer.trainer.is_world_process_zero():  # other ranks of `accelerate launch`: rank 0 writes
             return result

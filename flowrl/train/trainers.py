@@ -120,10 +120,17 @@ def trl_config(config: TrainingConfig, settings: RunSettings, output_dir: Path, 
         raise ConfigError(f"{config_cls.__name__}: {exc}") from exc
 
 
-def trl_config_kwargs(config: TrainingConfig, settings: RunSettings, output_dir: Path, *,
-                      desirable_weight: float | None = None, undesirable_weight: float | None = None,
-                      assistant_only_loss: bool = False, reward_weights: list[float] | None = None,
-                      off_policy_mask_threshold: float | None = None) -> dict[str, Any]:
+def trl_config_kwargs(
+    config: TrainingConfig,
+    settings: RunSettings,
+    output_dir: Path,
+    *,
+    desirable_weight: float | None = None,
+    undesirable_weight: float | None = None,
+    assistant_only_loss: bool = False,
+    reward_weights: list[float] | None = None,
+    off_policy_mask_threshold: float | None = None,
+) -> dict[str, Any]:
     """The keyword arguments of TRL's config class (before `trl_args`); no TRL import, so testable anywhere."""
     kwargs: dict[str, Any] = dict(
         output_dir=str(output_dir),
@@ -202,10 +209,15 @@ def warn_unexecuted_tools(data: LoadedData) -> int:
         return 0
     offered = sum(bool(tools) for tools in data.train["tools"])
     if offered:
-        log.warning("flowrl: %d of %d prompts in %s offer tools, but --method grpo without --agent executes none: "
-                    "TRL samples one reply per prompt and a tool call in it stays text. To train on executed tool "
-                    "calls, roll out through the agent: --agent example or --agent module:function "
-                    "(docs/training.md, \"GRPO through the agent\")", offered, len(data.train), data.source)
+        log.warning(
+            "flowrl: %d of %d prompts in %s offer tools, but --method grpo without --agent executes none: "
+            "TRL samples one reply per prompt and a tool call in it stays text. To train on executed tool "
+            "calls, roll out through the agent: --agent example or --agent module:function "
+            '(docs/training.md, "GRPO through the agent")',
+            offered,
+            len(data.train),
+            data.source,
+        )
     return offered
 
 
@@ -231,13 +243,16 @@ def chat_renderer(model_path: str, label: str | None = None) -> Any:
 def _completion_length(config: TrainingConfig, settings: RunSettings, needed: int) -> RunSettings:
     """Offline GRPO replays whole trajectories: the completion length is the data's longest, never a cut."""
     if config.max_completion_length is not None and config.max_completion_length < needed:
-        raise ConfigError(f"--max-completion-length {config.max_completion_length} would cut logged trajectories: "
-                          f"the longest is {needed} tokens; pass --max-completion-length {needed} or more")
+        raise ConfigError(
+            f"--max-completion-length {config.max_completion_length} would cut logged trajectories: "
+            f"the longest is {needed} tokens; pass --max-completion-length {needed} or more"
+        )
     return dataclasses.replace(settings, max_completion_length=max(needed, config.max_completion_length or 0))
 
 
-def _kto_args(config: TrainingConfig, settings: RunSettings, output_dir: Path, data: LoadedData,
-              info: dict[str, Any]) -> Any:
+def _kto_args(
+    config: TrainingConfig, settings: RunSettings, output_dir: Path, data: LoadedData, info: dict[str, Any]
+) -> Any:
     """KTOConfig with the class-balance weights: the config's, else the ones the dataset was built with."""
     dw = config.desirable_weight if config.desirable_weight is not None else data.meta.get("desirable_weight")
     uw = config.undesirable_weight if config.undesirable_weight is not None else data.meta.get("undesirable_weight")
@@ -245,9 +260,16 @@ def _kto_args(config: TrainingConfig, settings: RunSettings, output_dir: Path, d
     return trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
 
 
-def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path: str, data: LoadedData,
-                      output_dir: Path, callbacks: list[Any],
-                      reward_funcs: list[Any] | None = None, agent: Any = None) -> tuple[Any, dict[str, Any]]:
+def build_trl_trainer(
+    config: TrainingConfig,
+    settings: RunSettings,
+    model_path: str,
+    data: LoadedData,
+    output_dir: Path,
+    callbacks: list[Any],
+    reward_funcs: list[Any] | None = None,
+    agent: Any = None,
+) -> tuple[Any, dict[str, Any]]:
     """TRL's trainer for the method, ready to `.train()`; also returns what was decided on the way.
 
     `reward_funcs` (online GRPO) replaces flowrl's rewards with your own TRL reward functions; `agent` (an
@@ -270,8 +292,12 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         parts = agent_grpo(config, agent, tasks, config.resolved_store)
         if reward_funcs:
             parts.funcs, parts.weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
-        info.update(rewards=[getattr(f, "__name__", str(f)) for f in parts.funcs], reward_weights=parts.weights,
-                    rollout=parts.info, rollouts=parts.rollout.stats)
+        info.update(
+            rewards=[getattr(f, "__name__", str(f)) for f in parts.funcs],
+            reward_weights=parts.weights,
+            rollout=parts.info,
+            rollouts=parts.rollout.stats,
+        )
         settings = dataclasses.replace(settings, max_completion_length=parts.info["episode_tokens"])
         args = trl_config(config, settings, output_dir, reward_weights=parts.weights)
         train = parts.rollout.train_dataset()
@@ -297,9 +323,12 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         threshold = None
         if groups.with_logprobs and "off_policy_mask_threshold" not in config.trl_args:
             threshold = OFF_POLICY_MASK_THRESHOLD
-        info["off_policy"] = ("sampling logprobs logged: off-policy sequence mask at "
-                              f"{threshold or config.trl_args.get('off_policy_mask_threshold')}" if groups.with_logprobs
-                              else "no sampling logprobs: logged completions treated as on-policy (ratio 1)")
+        info["off_policy"] = (
+            "sampling logprobs logged: off-policy sequence mask at "
+            f"{threshold or config.trl_args.get('off_policy_mask_threshold')}"
+            if groups.with_logprobs
+            else "no sampling logprobs: logged completions treated as on-policy (ratio 1)"
+        )
         args = trl_config(config, settings, output_dir, off_policy_mask_threshold=threshold)
         train = groups.train_dataset()
         kwargs.update(reward_funcs=[OfflineGroups.logged_reward], rollout_func=groups.rollout_func)
@@ -308,11 +337,15 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         from flowrl.data.encode import encode_for_trl
         from flowrl.train.pretokenized import pretokenized_trainer
 
-        rows, stats = encode_for_trl(encoding, train.to_list(), chat_renderer(model_path), max_length=settings.max_length)
+        rows, stats = encode_for_trl(
+            encoding, train.to_list(), chat_renderer(model_path), max_length=settings.max_length
+        )
         info["encoding"] = stats.to_dict()
         if not rows:
-            raise ConfigError(f"no row of {data.source} fits max_length={settings.max_length} tokens "
-                              f"({stats.rows_in} rows: {dict(stats.dropped)}): pass a larger --max-length")
+            raise ConfigError(
+                f"no row of {data.source} fits max_length={settings.max_length} tokens "
+                f"({stats.rows_in} rows: {dict(stats.dropped)}): pass a larger --max-length"
+            )
         if encoding == "sft" and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
             rows = [{"input_ids": r["input_ids"], "assistant_masks": [1] * len(r["input_ids"])} for r in rows]
         train = _datasets().Dataset.from_list(rows)
@@ -321,7 +354,9 @@ def build_trl_trainer(config: TrainingConfig, settings: RunSettings, model_path:
         else:
             args = trl_config(config, settings, output_dir)  # SFT: loss from the rows' assistant_masks
         if encoding == "sft":
-            info["assistant_only_loss"] = config.assistant_only_loss is not False  # flowrl's masks: tokens generated in the run
+            info["assistant_only_loss"] = (
+                config.assistant_only_loss is not False
+            )  # flowrl's masks: tokens generated in the run
         if encoding in ("kto", "dpo"):
             trainer_cls = pretokenized_trainer(encoding, trainer_cls)
     elif encoding == "kto":  # plain-text rows: TRL tokenizes them
@@ -346,6 +381,10 @@ def _rows_after_trl(trainer: Any, given: int, info: dict[str, Any]) -> int:
         return given
     if kept < given:
         info["dropped_by_trl"] = given - kept
-        log.warning("flowrl: TRL dropped %d of %d rows while preparing them (prompt longer than max_length): "
-                    "pass a larger --max-length to keep them", given - kept, given)
+        log.warning(
+            "flowrl: TRL dropped %d of %d rows while preparing them (prompt longer than max_length): "
+            "pass a larger --max-length to keep them",
+            given - kept,
+            given,
+        )
     return kept

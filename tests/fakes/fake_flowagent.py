@@ -48,8 +48,11 @@ STATIC_TOOLS = ("think", "final_answer", "load_tools", "spawn_sub_agent")
 
 def tc(i: Any, name: str, args: dict[str, Any] | str) -> dict[str, Any]:
     """One scripted tool call: `tc(1, "get_weather", {"city": "Paris"})`."""
-    return {"id": i if isinstance(i, str) else f"call_{i}", "name": name,
-            "arguments": args if isinstance(args, str) else json.dumps(args)}
+    return {
+        "id": i if isinstance(i, str) else f"call_{i}",
+        "name": name,
+        "arguments": args if isinstance(args, str) else json.dumps(args),
+    }
 
 
 def turn(*calls: dict[str, Any], content: str = "") -> dict[str, Any]:
@@ -97,9 +100,16 @@ class ExecutionContext:
     max_iterations: int = 30
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "session_id": self.session_id, "query": self.query, "status": self.status,
-                "working_history": list(self.working_history), "tools_used": list(self.tools_used),
-                "current_iteration": self.current_iteration, "max_iterations": self.max_iterations}
+        return {
+            "run_id": self.run_id,
+            "session_id": self.session_id,
+            "query": self.query,
+            "status": self.status,
+            "working_history": list(self.working_history),
+            "tools_used": list(self.tools_used),
+            "current_iteration": self.current_iteration,
+            "max_iterations": self.max_iterations,
+        }
 
 
 class ScriptedLLM:
@@ -124,8 +134,9 @@ class ScriptedLLM:
             return {"content": f"(no script for {query!r})", "tool_calls": []}
         return turns.pop(0)
 
-    async def complete(self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                       **kw: Any) -> dict[str, Any]:
+    async def complete(
+        self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **kw: Any
+    ) -> dict[str, Any]:
         self.calls += 1
         await asyncio.sleep(self.latency)
         is_main = any((t.get("function") or {}).get("name") == "final_answer" for t in tools or ())
@@ -200,12 +211,28 @@ class ExecutionEngine:
 
     def _current_tools(self, ctx: ExecutionContext) -> list[dict[str, Any]]:
         names = list(STATIC_TOOLS) + list(ctx.loaded_tools)
-        return [{"type": "function", "function": {"name": n, "description": self.agent.tool_manager.descriptions.get(n, n),
-                                                  "parameters": {"type": "object", "properties": {}}}} for n in names]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "description": self.agent.tool_manager.descriptions.get(n, n),
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            }
+            for n in names
+        ]
 
     # -- the loop -------------------------------------------------------------------------------
-    async def execute(self, query: str, session_id: str = "default", max_iterations: int = 30,
-                      ctx: ExecutionContext | None = None, get_ctx: bool = False, persist_blocking: bool = False) -> Any:
+    async def execute(
+        self,
+        query: str,
+        session_id: str = "default",
+        max_iterations: int = 30,
+        ctx: ExecutionContext | None = None,
+        get_ctx: bool = False,
+        persist_blocking: bool = False,
+    ) -> Any:
         if ctx is None:
             ctx = self._new_context(query, session_id, max_iterations)
         ctx.status = "running"
@@ -214,24 +241,42 @@ class ExecutionEngine:
         while ctx.current_iteration < ctx.max_iterations:
             ctx.current_iteration += 1
             msg = await self.agent.a_run_llm_completion(
-                messages=list(ctx.working_history), tools=self._current_tools(ctx), max_tokens=16384, stream=False,
-                get_response_message=True, with_context=False, model_preference="fast")
+                messages=list(ctx.working_history),
+                tools=self._current_tools(ctx),
+                max_tokens=16384,
+                stream=False,
+                get_response_message=True,
+                with_context=False,
+                model_preference="fast",
+            )
             calls = msg.tool_calls or []
             if not calls:
                 ctx.working_history.append({"role": "assistant", "content": msg.content})
                 final = msg.content or ""
                 break
-            ctx.working_history.append({"role": "assistant", "content": msg.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                for c in calls]})
+            ctx.working_history.append(
+                {
+                    "role": "assistant",
+                    "content": msg.content or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.function.name, "arguments": c.function.arguments},
+                        }
+                        for c in calls
+                    ],
+                }
+            )
             if len(calls) == 1 and calls[0].function.name == "final_answer":
                 args = json.loads(calls[0].function.arguments or "{}")
                 final = args.get("answer", "")
                 break
             results = await asyncio.gather(*(self._execute_tool_call(ctx, c) for c in calls))
             for call, (result, is_final) in zip(calls, results):
-                ctx.working_history.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
-                                            "content": str(result)})
+                ctx.working_history.append(
+                    {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": str(result)}
+                )
                 ctx.tools_dict.append({"name": call.function.name, "args": call.function.arguments, "result": result})
                 if is_final:
                     final = str(result)
@@ -243,8 +288,9 @@ class ExecutionEngine:
         await self._record_and_finalize(ctx, final or "", persist_blocking)
         return (final, ctx) if get_ctx else final
 
-    async def resume(self, ctx: ExecutionContext, query: str, max_iterations: int, get_ctx: bool,
-                     persist_blocking: bool) -> Any:
+    async def resume(
+        self, ctx: ExecutionContext, query: str, max_iterations: int, get_ctx: bool, persist_blocking: bool
+    ) -> Any:
         ctx.working_history.append({"role": "system", "content": RESUME_TEXT})
         ctx.working_history.append({"role": "user", "content": query})
         ctx.current_iteration = 0
@@ -260,16 +306,44 @@ class ExecutionEngine:
         final, success = None, None
         while ctx.current_iteration < ctx.max_iterations:
             ctx.current_iteration += 1
-            yield {"type": "iteration_start", "agent": name, "iter": ctx.current_iteration, "max_iter": ctx.max_iterations}
+            yield {
+                "type": "iteration_start",
+                "agent": name,
+                "iter": ctx.current_iteration,
+                "max_iter": ctx.max_iterations,
+            }
             msg = await self.agent.a_run_llm_completion(
-                messages=list(ctx.working_history), tools=self._current_tools(ctx), max_tokens=16384, stream=False,
-                get_response_message=True, with_context=False, model_preference="fast")
+                messages=list(ctx.working_history),
+                tools=self._current_tools(ctx),
+                max_tokens=16384,
+                stream=False,
+                get_response_message=True,
+                with_context=False,
+                model_preference="fast",
+            )
             if msg.content:
                 yield {"type": "content", "agent": name, "chunk": msg.content}
             calls = msg.tool_calls or []
-            ctx.working_history.append({"role": "assistant", "content": msg.content or None, **({"tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                for c in calls]} if calls else {})})
+            ctx.working_history.append(
+                {
+                    "role": "assistant",
+                    "content": msg.content or None,
+                    **(
+                        {
+                            "tool_calls": [
+                                {
+                                    "id": c.id,
+                                    "type": "function",
+                                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                                }
+                                for c in calls
+                            ]
+                        }
+                        if calls
+                        else {}
+                    ),
+                }
+            )
             if not calls:
                 final, success = msg.content or "", True
                 break
@@ -284,10 +358,17 @@ class ExecutionEngine:
                     result, is_final = await self._execute_think_streaming(ctx, call, args), False
                 else:
                     result, is_final = await self._execute_tool_call(ctx, call)
-                    ctx.working_history.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
-                                                "content": str(result)})
-                yield {"type": "tool_result", "agent": name, "name": call.function.name, "is_final": is_final,
-                       "result": result, "id": call.id}
+                    ctx.working_history.append(
+                        {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": str(result)}
+                    )
+                yield {
+                    "type": "tool_result",
+                    "agent": name,
+                    "name": call.function.name,
+                    "is_final": is_final,
+                    "result": result,
+                    "id": call.id,
+                }
             if final is not None:
                 break
         else:
@@ -314,8 +395,12 @@ class ExecutionEngine:
             return f"Geladen: {', '.join(wanted)}\nSlots: {len(ctx.loaded_tools)}/10 used", False
         if name == "spawn_sub_agent":
             self._sub_counter += 1
-            sub = await self.execute(args.get("task", ""), f"{ctx.session_id}__sub__{self._sub_counter}",
-                                     max_iterations=5, persist_blocking=True)
+            sub = await self.execute(
+                args.get("task", ""),
+                f"{ctx.session_id}__sub__{self._sub_counter}",
+                max_iterations=5,
+                persist_blocking=True,
+            )
             return f"Sub-agent result: {sub}", False
         ctx.tools_used.append(name)
         try:
@@ -325,14 +410,22 @@ class ExecutionEngine:
             if name in ctx.loaded_tools:
                 return f"Error executing {name}: {e}", False
             ctx.loaded_tools.append(name)  # auto-loaded for the next try
-            return (f"Error: Tool '{name}' war noch nicht geladen (auto lodet). Versuche es erneut. "
-                    f"Aufgetretener fehler : {e}"), False
+            return (
+                f"Error: Tool '{name}' war noch nicht geladen (auto lodet). Versuche es erneut. "
+                f"Aufgetretener fehler : {e}"
+            ), False
 
     async def _execute_think_streaming(self, ctx: ExecutionContext, tool_call: Any, args: dict[str, Any]) -> str:
         stream_fn = await self.agent.a_run_llm_completion(
-            messages=[{"role": "system", "content": "strategic reasoning assistant"},
-                      {"role": "user", "content": args.get("thought", "")}] + ctx.working_history[-25:],
-            stream=True, model_preference="fast", with_context=False)
+            messages=[
+                {"role": "system", "content": "strategic reasoning assistant"},
+                {"role": "user", "content": args.get("thought", "")},
+            ]
+            + ctx.working_history[-25:],
+            stream=True,
+            model_preference="fast",
+            with_context=False,
+        )
         last = ""
         async for item in stream_fn():
             last = item
@@ -352,11 +445,14 @@ class ExecutionEngine:
         """Writes the run into the session history; only here does a finished run stop being "running"
         (so a query that arrives before this ran is answered by the sidecar)."""
         summary = await self.agent.a_run_llm_completion(
-            messages=[{"role": "user", "content": f"Summarise run {ctx.run_id}"}], stream=False, model_preference="fast")
+            messages=[{"role": "user", "content": f"Summarise run {ctx.run_id}"}], stream=False, model_preference="fast"
+        )
         session = await self.agent.session_manager.get_or_create(ctx.session_id)
-        session.history += [{"role": "user", "content": ctx.query},
-                            {"role": "assistant", "content": f"RUN SUMMARY [{ctx.run_id}]: {summary}"},
-                            {"role": "assistant", "content": final}]
+        session.history += [
+            {"role": "user", "content": ctx.query},
+            {"role": "assistant", "content": f"RUN SUMMARY [{ctx.run_id}]: {summary}"},
+            {"role": "assistant", "content": final},
+        ]
         if ctx.status == "running":
             ctx.status = "completed"
 
@@ -366,9 +462,17 @@ class ExecutionEngine:
 
 
 class FlowAgent:
-    def __init__(self, amd: AgentModelData | None = None, verbose: bool = False, max_parallel_tasks: int = 3,
-                 auto_load_checkpoint: bool = True, rule_config_path: str | None = None, stream_callback: Any = None,
-                 stream: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        amd: AgentModelData | None = None,
+        verbose: bool = False,
+        max_parallel_tasks: int = 3,
+        auto_load_checkpoint: bool = True,
+        rule_config_path: str | None = None,
+        stream_callback: Any = None,
+        stream: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self.amd = amd or AgentModelData()
         self.stream = stream
         self.verbose = verbose
@@ -386,8 +490,14 @@ class FlowAgent:
     def router(self) -> ScriptedLLM:
         return self._router
 
-    def add_tool(self, tool_func: Any, name: str | None = None, description: str | None = None,
-                 category: Any = None, **kwargs: Any) -> None:
+    def add_tool(
+        self,
+        tool_func: Any,
+        name: str | None = None,
+        description: str | None = None,
+        category: Any = None,
+        **kwargs: Any,
+    ) -> None:
         tool_name = name or tool_func.__name__
         self.tool_manager.tools[tool_name] = tool_func
         self.tool_manager.descriptions[tool_name] = description or (tool_func.__doc__ or tool_name)
@@ -401,12 +511,22 @@ class FlowAgent:
         self.saves += 1
         return f"/fake/checkpoint/{self.amd.name}/agent_checkpoint_{self.saves}.pkl"
 
-    async def a_run_llm_completion(self, messages: list[dict[str, Any]], model_preference: str = "fast",
-                                   with_context: bool = True, stream: bool | None = None,
-                                   get_response_message: bool = False, task_id: str = "unknown",
-                                   session_id: str | None = None, do_tool_execution: bool = False,
-                                   stream_callback: Any = False, _media_retry: int = 0, _removed_types: Any = None,
-                                   max_iterations: int = 1, **kwargs: Any) -> Any:
+    async def a_run_llm_completion(
+        self,
+        messages: list[dict[str, Any]],
+        model_preference: str = "fast",
+        with_context: bool = True,
+        stream: bool | None = None,
+        get_response_message: bool = False,
+        task_id: str = "unknown",
+        session_id: str | None = None,
+        do_tool_execution: bool = False,
+        stream_callback: Any = False,
+        _media_retry: int = 0,
+        _removed_types: Any = None,
+        max_iterations: int = 1,
+        **kwargs: Any,
+    ) -> Any:
         if stream is None:
             stream = self.stream
         model = getattr(self.amd, f"{model_preference}_llm_model", self.amd.fast_llm_model)
@@ -426,7 +546,10 @@ class FlowAgent:
         self._count_usage()
         if not get_response_message:
             return data.get("content") or ""
-        calls = [_ToolCall(id=c["id"], function=_ToolFunction(c["name"], c["arguments"])) for c in data.get("tool_calls") or []]
+        calls = [
+            _ToolCall(id=c["id"], function=_ToolFunction(c["name"], c["arguments"]))
+            for c in data.get("tool_calls") or []
+        ]
         return _AssistantMessage(content=data.get("content") or None, tool_calls=calls or None)
 
     def _count_usage(self) -> None:
@@ -441,9 +564,17 @@ class FlowAgent:
             raise PermissionError(f"Tool {function_name} is not allowed in this session")
         return await self.tool_manager.execute(function_name, **kwargs)
 
-    async def a_run(self, query: str, session_id: str = "default", execution_id: str | None = None,
-                    human_online: bool = False, max_iterations: int = 30, get_ctx: bool = False,
-                    persist_blocking: bool = False, **kwargs: Any) -> Any:
+    async def a_run(
+        self,
+        query: str,
+        session_id: str = "default",
+        execution_id: str | None = None,
+        human_online: bool = False,
+        max_iterations: int = 30,
+        get_ctx: bool = False,
+        persist_blocking: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         try:
             await self.session_manager.get_or_create(session_id)
             engine = self._get_execution_engine()
@@ -461,9 +592,17 @@ class FlowAgent:
         finally:
             await self.save()
 
-    async def a_stream(self, query: str, session_id: str = "default", execution_id: str | None = None,
-                       human_online: bool = False, max_iterations: int = 30, user_lightning_model: Any = None,
-                       persist_blocking: bool = False, **kwargs: Any):
+    async def a_stream(
+        self,
+        query: str,
+        session_id: str = "default",
+        execution_id: str | None = None,
+        human_online: bool = False,
+        max_iterations: int = 30,
+        user_lightning_model: Any = None,
+        persist_blocking: bool = False,
+        **kwargs: Any,
+    ):
         try:
             await self.session_manager.get_or_create(session_id)
             engine = self._get_execution_engine()
@@ -485,6 +624,7 @@ class FlowAgent:
 
 # -- module-level tools (picklable) ----------------------------------------------------------------
 
+
 def get_weather(city: str) -> str:
     """Return the weather for a city."""
     return f"Weather in {city}: 21C, sunny"
@@ -498,8 +638,12 @@ def fetch_stock(symbol: str) -> str:
 def exec_code(code: str) -> dict[str, Any]:
     """Run code (FlowAgent reports success even when the code raised)."""
     if "1/0" in code:
-        return {"success": True, "output": "Traceback (most recent call last):\n  File \"<eval>\", line 1\n"
-                                           "ZeroDivisionError: division by zero", "error": None}
+        return {
+            "success": True,
+            "output": 'Traceback (most recent call last):\n  File "<eval>", line 1\n'
+            "ZeroDivisionError: division by zero",
+            "error": None,
+        }
     return {"success": True, "output": "385", "error": None}
 
 

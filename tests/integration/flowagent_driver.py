@@ -37,7 +37,12 @@ os.environ.setdefault("BLITZMODEL", "mock/blitz")
 # A key shaped like a real OpenAI project key. It must never reach the trace store unmasked.
 SECRET = "sk-proj-" + "Q7fZ2kLm9XwP4tRv8YbN3cHs6JdE1gUa"
 
-WEATHER = {"Berlin": "Berlin: 21C, sunny", "Rome": "Rome: 25C, clear", "Oslo": "Oslo: 4C, rain", "Paris": "Paris: 18C, cloudy"}
+WEATHER = {
+    "Berlin": "Berlin: 21C, sunny",
+    "Rome": "Rome: 25C, clear",
+    "Oslo": "Oslo: 4C, rain",
+    "Paris": "Paris: 18C, cloudy",
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -117,8 +122,10 @@ def _make_router_class() -> type:
                 return self.main.pop(0)
             # A script ran dry: end the run instead of raising inside the engine.
             self.unscripted_main_calls += 1
-            return {"content": "", "tool_calls": [tc("call_unscripted", "final_answer",
-                                                      {"answer": "UNSCRIPTED", "success": False})]}
+            return {
+                "content": "",
+                "tool_calls": [tc("call_unscripted", "final_answer", {"answer": "UNSCRIPTED", "success": False})],
+            }
 
         @staticmethod
         def _is_sidecar(tools: Any) -> bool:
@@ -206,7 +213,12 @@ ANSWERS = {
 
 def _script_weather(router: Any) -> None:
     router.main = [
-        {"content": "", "tool_calls": [tc("call_w1", "think", {"thought": "Look up Berlin with get_weather, then answer.", "effort": "fast"})]},
+        {
+            "content": "",
+            "tool_calls": [
+                tc("call_w1", "think", {"thought": "Look up Berlin with get_weather, then answer.", "effort": "fast"})
+            ],
+        },
         {"content": "Checking the weather.", "tool_calls": [tc("call_w2", "get_weather", {"city": "Berlin"})]},
         {"content": "", "tool_calls": [tc("call_w3", "final_answer", {"answer": ANSWERS["weather"], "success": True})]},
     ]
@@ -216,7 +228,10 @@ def _script_weather(router: Any) -> None:
 def _script_followup(router: Any) -> None:
     router.main = [
         {"content": "", "tool_calls": [tc("call_f1", "get_weather", {"city": "Rome"})]},
-        {"content": "", "tool_calls": [tc("call_f2", "final_answer", {"answer": ANSWERS["followup"], "success": True})]},
+        {
+            "content": "",
+            "tool_calls": [tc("call_f2", "final_answer", {"answer": ANSWERS["followup"], "success": True})],
+        },
     ]
 
 
@@ -237,7 +252,10 @@ def _script_stream(router: Any) -> None:
 def _script_after_unhook(router: Any) -> None:
     router.main = [
         {"content": "", "tool_calls": [tc("call_p1", "get_weather", {"city": "Paris"})]},
-        {"content": "", "tool_calls": [tc("call_p2", "final_answer", {"answer": ANSWERS["after_unhook"], "success": True})]},
+        {
+            "content": "",
+            "tool_calls": [tc("call_p2", "final_answer", {"answer": ANSWERS["after_unhook"], "success": True})],
+        },
     ]
 
 
@@ -279,18 +297,28 @@ async def run_scenario(agent: Any, router: Any, settle_last: bool = True) -> dic
     _script_weather(router)
     t = time.perf_counter()
     res = await agent.a_run(Q_WEATHER, session_id="s1")
-    out["runs"]["weather"] = {"query": Q_WEATHER, "session_id": "s1", "result": res,
-                              "result_type": type(res).__name__, "run_id": _last_run_id(agent, "s1"),
-                              "seconds": round(time.perf_counter() - t, 3)}
+    out["runs"]["weather"] = {
+        "query": Q_WEATHER,
+        "session_id": "s1",
+        "result": res,
+        "result_type": type(res).__name__,
+        "run_id": _last_run_id(agent, "s1"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
     await _settle(agent)
 
     # 2. follow-up in the same session: FlowAgent auto-resumes run 1's ExecutionContext.
     _script_followup(router)
     t = time.perf_counter()
     res = await agent.a_run(Q_FOLLOWUP, session_id="s1")
-    out["runs"]["followup"] = {"query": Q_FOLLOWUP, "session_id": "s1", "result": res,
-                               "result_type": type(res).__name__, "run_id": _last_run_id(agent, "s1"),
-                               "seconds": round(time.perf_counter() - t, 3)}
+    out["runs"]["followup"] = {
+        "query": Q_FOLLOWUP,
+        "session_id": "s1",
+        "result": res,
+        "result_type": type(res).__name__,
+        "run_id": _last_run_id(agent, "s1"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
     await _settle(agent)
 
     # 3. a tool that raises + final_answer(success=False); the caller asks for the ctx.
@@ -300,10 +328,16 @@ async def run_scenario(agent: Any, router: Any, settle_last: bool = True) -> dic
     res = await agent.a_run(Q_STOCK, session_id="s2", get_ctx=True)
     is_tuple = isinstance(res, tuple) and len(res) == 2
     result, ctx = res if is_tuple else (res, None)
-    out["runs"]["stock"] = {"query": Q_STOCK, "session_id": "s2", "result": result,
-                            "result_type": "tuple" if is_tuple else type(res).__name__,
-                            "ctx_type": type(ctx).__name__, "ctx_run_id": getattr(ctx, "run_id", None),
-                            "run_id": _last_run_id(agent, "s2"), "seconds": round(time.perf_counter() - t, 3)}
+    out["runs"]["stock"] = {
+        "query": Q_STOCK,
+        "session_id": "s2",
+        "result": result,
+        "result_type": "tuple" if is_tuple else type(res).__name__,
+        "ctx_type": type(ctx).__name__,
+        "ctx_run_id": getattr(ctx, "run_id", None),
+        "run_id": _last_run_id(agent, "s2"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
 
     # 3b. an immediate second query in s2: run 3's commit is still pending, its ctx says "running",
     # so FlowAgent answers from the sidecar (one LLM call, a single `steering` tool, no ReAct loop).
@@ -312,10 +346,16 @@ async def run_scenario(agent: Any, router: Any, settle_last: bool = True) -> dic
     sidecar_before = router.sidecar_calls
     t = time.perf_counter()
     res = await agent.a_run(Q_SIDECAR, session_id="s2")
-    out["runs"]["sidecar"] = {"query": Q_SIDECAR, "session_id": "s2", "result": res,
-                              "result_type": type(res).__name__, "pending_finalize_before": pending,
-                              "took_sidecar_path": router.sidecar_calls > sidecar_before,
-                              "run_id": _last_run_id(agent, "s2"), "seconds": round(time.perf_counter() - t, 3)}
+    out["runs"]["sidecar"] = {
+        "query": Q_SIDECAR,
+        "session_id": "s2",
+        "result": res,
+        "result_type": type(res).__name__,
+        "pending_finalize_before": pending,
+        "took_sidecar_path": router.sidecar_calls > sidecar_before,
+        "run_id": _last_run_id(agent, "s2"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
     router.hold.set()
     router.hold = None
     await _settle(agent)
@@ -327,12 +367,16 @@ async def run_scenario(agent: Any, router: Any, settle_last: bool = True) -> dic
     async for chunk in agent.a_stream(Q_STREAM, session_id="s3"):
         chunks.append(chunk)
     done = [c for c in chunks if isinstance(c, dict) and c.get("type") == "done"]
-    out["runs"]["stream"] = {"query": Q_STREAM, "session_id": "s3",
-                             "result": (done[-1].get("final_answer") if done else None),
-                             "done_success": (done[-1].get("success") if done else None),
-                             "chunk_types": [c.get("type") if isinstance(c, dict) else type(c).__name__ for c in chunks],
-                             "stable_chunks": [_stable_chunk(c) for c in chunks],
-                             "run_id": _last_run_id(agent, "s3"), "seconds": round(time.perf_counter() - t, 3)}
+    out["runs"]["stream"] = {
+        "query": Q_STREAM,
+        "session_id": "s3",
+        "result": (done[-1].get("final_answer") if done else None),
+        "done_success": (done[-1].get("success") if done else None),
+        "chunk_types": [c.get("type") if isinstance(c, dict) else type(c).__name__ for c in chunks],
+        "stable_chunks": [_stable_chunk(c) for c in chunks],
+        "run_id": _last_run_id(agent, "s3"),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
     if settle_last:
         await _settle(agent)
     out["unscripted_main_calls"] = router.unscripted_main_calls
@@ -483,8 +527,11 @@ def cli() -> int:
     parser.add_argument("--out", default=None, help="write the JSON summary here as well")
     parser.add_argument("--no-hook", action="store_true", help="only run the unhooked baseline (no flowrl import)")
     parser.add_argument("--skip-baseline", action="store_true", help="skip the unhooked baseline run")
-    parser.add_argument("--fast-exit", action="store_true",
-                        help="os._exit after writing the summary: skips toolboxv2's ~12 s of MinIO retries at exit")
+    parser.add_argument(
+        "--fast-exit",
+        action="store_true",
+        help="os._exit after writing the summary: skips toolboxv2's ~12 s of MinIO retries at exit",
+    )
     args = parser.parse_args()
     try:
         summary = asyncio.run(main(args))

@@ -52,8 +52,10 @@ def toolbox_python() -> Path:
         py = toolbox_env.ensure(venv, log=lambda *_: None)
     except toolbox_env.EnvError as exc:
         if exc.code == toolbox_env.EXIT_INSTALL_FAILED and os.environ.get("FLOWRL_REQUIRE_TOOLBOX") != "1":
-            pytest.skip(f"toolboxv2 {toolbox_env.TOOLBOXV2_VERSION} cannot be installed here ({exc}); "
-                        "run scripts/setup_toolboxv2_env.sh where PyPI is reachable")
+            pytest.skip(
+                f"toolboxv2 {toolbox_env.TOOLBOXV2_VERSION} cannot be installed here ({exc}); "
+                "run scripts/setup_toolboxv2_env.sh where PyPI is reachable"
+            )
         raise
     print(f"toolboxv2 venv ready in {time.monotonic() - t0:.1f} s: {py}")
     return py
@@ -69,7 +71,11 @@ def run(toolbox_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     t0 = time.monotonic()
     proc = subprocess.run(
         [str(toolbox_python), str(DRIVER), "--store", str(store), "--out", str(out)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DRIVER_TIMEOUT_S,
     )
     seconds = time.monotonic() - t0
     log = (proc.stdout + "\n" + proc.stderr)[-6000:]
@@ -82,8 +88,13 @@ def run(toolbox_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     traces = [json.loads(p.read_text(encoding="utf-8")) for p in files]
     fake_log = root / "fake_tool_calls.log"
     return {
-        "summary": summary, "store": store, "files": files, "traces": traces, "root": root,
-        "seconds": seconds, "fake_tool_calls": fake_log.read_text() if fake_log.exists() else "",
+        "summary": summary,
+        "store": store,
+        "files": files,
+        "traces": traces,
+        "root": root,
+        "seconds": seconds,
+        "fake_tool_calls": fake_log.read_text() if fake_log.exists() else "",
     }
 
 
@@ -97,8 +108,10 @@ def _by_run(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name, query in queries.items():
         matches = [t for t in run["traces"] if (t.get("user_query") or "").startswith(query)]
-        assert len(matches) == 1, (f"run {name!r}: expected one trace with user_query starting {query!r}, got "
-                                   f"{len(matches)}; stored user_queries: {[t.get('user_query') for t in run['traces']]}")
+        assert len(matches) == 1, (
+            f"run {name!r}: expected one trace with user_query starting {query!r}, got "
+            f"{len(matches)}; stored user_queries: {[t.get('user_query') for t in run['traces']]}"
+        )
         found[name] = matches[0]
     return found
 
@@ -209,7 +222,9 @@ def test_tool_calls_have_call_ids_and_honest_success(run: dict[str, Any]) -> Non
 def test_think_is_captured_once(run: dict[str, Any]) -> None:
     trace = _by_run(run)["weather"]
     thinks = _calls(trace, "think")
-    in_steps = [s for s in trace.get("reasoning_steps") or [] if "Plan: one get_weather call" in (s.get("content") or "")]
+    in_steps = [
+        s for s in trace.get("reasoning_steps") or [] if "Plan: one get_weather call" in (s.get("content") or "")
+    ]
     assert len(thinks) + len(in_steps) >= 1, "the think call is neither a tool call nor a reasoning step"
     assert len(thinks) <= 1
 
@@ -255,7 +270,9 @@ def _check_openai_messages(name: str, messages: list[dict[str, Any]]) -> None:
                 seen_call_ids.add(tcall["id"])
         if m["role"] == "tool":
             assert m.get("tool_call_id") in seen_call_ids, f"{where}: answers an unknown call {m.get('tool_call_id')!r}"
-            assert m["tool_call_id"] not in answered, f"{where}: {m['tool_call_id']} answered twice (FlowAgent appends think twice)"
+            assert m["tool_call_id"] not in answered, (
+                f"{where}: {m['tool_call_id']} answered twice (FlowAgent appends think twice)"
+            )
             answered.add(m["tool_call_id"])
             assert isinstance(m.get("content"), str), where
 
@@ -268,7 +285,9 @@ def test_messages_are_openai_chat_format(run: dict[str, Any]) -> None:
         assert any(u.startswith(trace["user_query"][:20]) for u in users), f"{name}: user turn missing: {users}"
     for name, call_id in (("weather", "call_w2"), ("followup", "call_f1"), ("stock", "call_s1"), ("stream", "call_o1")):
         msgs = traces[name]["messages"]
-        assert any(tc["id"] == call_id for m in msgs if m["role"] == "assistant" for tc in m.get("tool_calls") or []), name
+        assert any(tc["id"] == call_id for m in msgs if m["role"] == "assistant" for tc in m.get("tool_calls") or []), (
+            name
+        )
         assert any(m["role"] == "tool" and m.get("tool_call_id") == call_id for m in msgs), name
 
 
@@ -312,8 +331,11 @@ def test_unhook_restores_the_agent(run: dict[str, Any]) -> None:
 def test_hook_stats_add_up(run: dict[str, Any]) -> None:
     stats = run["summary"].get("stats_final")
     assert isinstance(stats, dict), f"hook.stats is missing or not a dataclass/dict: {stats!r}"
-    problems = {k: v for k, v in stats.items() if k in ("errors", "write_errors", "build_errors", "capture_errors",
-                                                          "dropped", "mask_failures") and v}
+    problems = {
+        k: v
+        for k, v in stats.items()
+        if k in ("errors", "write_errors", "build_errors", "capture_errors", "dropped", "mask_failures") and v
+    }
     assert not problems, f"hook.stats reports problems: {stats}"
     assert stats.get("written") == stats.get("captured") == len(RUNS), stats
     assert stats.get("secrets_masked", 1) >= 1, stats

@@ -34,8 +34,16 @@ DEFAULT_VENV = REPO_ROOT / ".venv-toolbox"
 TOOLBOXV2_VERSION = "0.1.28"
 # numpy, networkx, dill: isaa "marker" packages that make toolboxv2's feature loader unpack the isaa
 # zip on import; the rest are imported by the agent code at module level.
-PACKAGES = [f"toolboxv2=={TOOLBOXV2_VERSION}", "numpy", "networkx", "dill", "nest-asyncio", "tenacity",
-            "html2text", "chardet"]
+PACKAGES = [
+    f"toolboxv2=={TOOLBOXV2_VERSION}",
+    "numpy",
+    "networkx",
+    "dill",
+    "nest-asyncio",
+    "tenacity",
+    "html2text",
+    "chardet",
+]
 STAMP_NAME = ".flowrl-toolbox-env.json"
 EXIT_INSTALL_FAILED = 3
 
@@ -200,13 +208,17 @@ def ensure(venv: Path = DEFAULT_VENV, *, force: bool = False, log=print) -> Path
         log(f"installing {' '.join(PACKAGES)}")
         proc = _run(pip + PACKAGES)
         if proc.returncode != 0:
-            raise EnvError(f"pip could not install toolboxv2=={TOOLBOXV2_VERSION} into {venv}:\n"
-                           f"{_pip_error(proc)}", EXIT_INSTALL_FAILED)
+            raise EnvError(
+                f"pip could not install toolboxv2=={TOOLBOXV2_VERSION} into {venv}:\n{_pip_error(proc)}",
+                EXIT_INSTALL_FAILED,
+            )
         log(f"installing flowrl (no extras) from {REPO_ROOT}")
         proc = _run(pip + ["-e", str(REPO_ROOT)])
         if proc.returncode != 0:
-            raise EnvError(f"pip could not install flowrl's core dependencies into {venv}:\n{_pip_error(proc)}",
-                           EXIT_INSTALL_FAILED)
+            raise EnvError(
+                f"pip could not install flowrl's core dependencies into {venv}:\n{_pip_error(proc)}",
+                EXIT_INSTALL_FAILED,
+            )
         info = check(venv)  # also unpacks toolboxv2's isaa feature into the venv, once
         stamp = {"fingerprint": _fingerprint(), "check": info, "built_in_s": round(time.monotonic() - t0, 1)}
         (venv / STAMP_NAME).write_text(json.dumps(stamp, indent=1))
@@ -220,7 +232,9 @@ def _pip_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the separate toolboxv2 venv for flowrl's FlowAgent integration test.")
+    parser = argparse.ArgumentParser(
+        description="Build the separate toolboxv2 venv for flowrl's FlowAgent integration test."
+    )
     parser.add_argument("--venv", default=os.environ.get("FLOWRL_TOOLBOX_VENV", str(DEFAULT_VENV)))
     parser.add_argument("--force", action="store_true", help="delete and rebuild the venv")
     parser.add_argument("--check", action="store_true", help="only run the import check on an existing venv")
