@@ -38,8 +38,11 @@ test: system-deps setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not integration"
 
+# ruff (lint and the format check) and mypy (configured in pyproject.toml): what .ci/run runs before the tests
 lint: setup
-	$(BIN)/ruff check flowrl tests bench
+	$(BIN)/ruff check flowrl tests bench hooks
+	$(BIN)/ruff format --check flowrl tests bench hooks
+	$(BIN)/mypy
 
 demo: system-deps setup
 	$(BIN)/flowrl demo

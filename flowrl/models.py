@@ -183,6 +183,7 @@ def check_hub_id(spec: str) -> None:
             f"pass a model folder, a Hub id (owner/name) or `{DEFAULT_MODEL}`"
         ) from None
     if hub_offline():
+        _require_cached(spec, "HF_HUB_OFFLINE is set")
         return
     try:
         hub.model_info(spec, timeout=HUB_PROBE_TIMEOUT)  # one GET, no backoff (downloads retry five times)
@@ -192,7 +193,26 @@ def check_hub_id(spec: str) -> None:
             f"check the id, or pass a local model folder or `{DEFAULT_MODEL}`"
         ) from None
     except Exception as exc:  # DNS, refused, timeout, 5xx: whatever keeps the Hub from answering
-        go_offline(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no answer'}")
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else 'no answer'}"
+        _require_cached(spec, f"the Hub cannot be reached ({reason})")
+        go_offline(reason)
+
+
+def _require_cached(spec: str, why: str) -> None:
+    """Offline, a Hub id loads only from the local cache: one that is not there is one line now, not a failed
+    load after the training stack is imported."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in ("config.json", "adapter_config.json"):
+        try:
+            if isinstance(try_to_load_from_cache(spec, name), str):
+                return
+        except Exception:  # an unreadable cache: let the load say what is wrong
+            return
+    raise ModelError(
+        f"model {spec}: no such folder here, and not in the local Hugging Face cache while {why}: "
+        f"check the path, or pass a local model folder or `{DEFAULT_MODEL}`"
+    )
 
 
 def adapter_base(adapter_dir: Path) -> str:

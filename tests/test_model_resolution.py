@@ -19,7 +19,7 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from flowrl.cli import main
 from flowrl.errors import ModelError
-from flowrl.models import hub_offline, load_for_inference, looks_like_path, resolve_model
+from flowrl.models import hub_offline, looks_like_path, resolve_model
 
 
 class _NoSuchRepo(RepositoryNotFoundError):
@@ -105,16 +105,30 @@ def test_an_invalid_hub_id_is_refused_without_a_request(_no_network: list[str]) 
     assert _no_network == []
 
 
-def test_an_unreachable_hub_is_probed_once_then_the_process_is_offline(_no_network: list[str]) -> None:
+def test_an_unreachable_hub_is_probed_once_then_the_process_is_offline(
+    _no_network: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Hub id the local cache holds is loaded from it; one it does not hold is one line at once (it failed only
+    when the model was loaded, after the training stack was imported: 4.7 s and two lines from `flowrl eval`)."""
     pytest.importorskip("transformers")
+    import huggingface_hub
+
+    cached = {"someone/cached-model"}
+    monkeypatch.setattr(
+        huggingface_hub,
+        "try_to_load_from_cache",
+        lambda repo, name, **_: f"/cache/{repo}/{name}" if repo in cached and name == "config.json" else None,
+    )
     started = time.perf_counter()
-    resolved = resolve_model("someone/nonexistent-model")
-    assert resolved.path == "someone/nonexistent-model" and hub_offline()
-    resolve_model("someone/other-model")
-    assert _no_network == ["someone/nonexistent-model"]  # offline after the first failed probe
     with pytest.raises(ModelError, match="someone/nonexistent-model") as info:
-        load_for_inference(resolved, device="cpu")  # from the cache only: fails at once, no retries
+        resolve_model("someone/nonexistent-model")
     assert "not in the local Hugging Face cache" in str(info.value) and "\n" not in str(info.value)
+    assert not hub_offline()  # nothing to load from the cache: no switch, no warning
+    resolved = resolve_model("someone/cached-model")
+    assert resolved.path == "someone/cached-model" and hub_offline()
+    with pytest.raises(ModelError, match="someone/other-model"):
+        resolve_model("someone/other-model")  # offline now: no second request
+    assert _no_network == ["someone/nonexistent-model", "someone/cached-model"]
     assert time.perf_counter() - started < 10.0
 
 
@@ -128,6 +142,20 @@ def test_eval_cli_with_a_mistyped_model_folder_says_one_line_at_once(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs/nope" in err[0] and "does not exist" in err[0]
     assert _no_network == []
+
+
+def test_eval_cli_with_a_mistyped_folder_whose_parent_does_not_exist_says_one_line_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], _no_network: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runs/nope` where there is no `runs/` reads as a Hub id: offline, one line before any heavy import."""
+    prompts = _prompts(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    started = time.perf_counter()
+    assert main(["eval", "--model", "runs/nope", "--prompts", str(prompts)]) == 2
+    assert time.perf_counter() - started < 2.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs/nope" in err[0] and "no such folder" in err[0]
 
 
 def test_eval_cli_with_an_unknown_hub_id_says_one_line_naming_it(

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowrl.capture import generic
 from flowrl.capture.events import LLMEvent, PatchSpec, ToolEvent, guarded_call
@@ -37,6 +37,9 @@ from flowrl.capture.recorder import (
     timed,
     wrap_stream_function,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flowrl.capture.hook import Hook
 
 ENGINE_TOOL = "_execute_tool_call"
 TOOL_METHOD = "arun_function"
@@ -157,7 +160,7 @@ def _ctx_in(out: Any) -> Any:
     return None
 
 
-def _finish(hook: Any, rec: RunRecord, agent: Any, ctx: Any) -> None:
+def _finish(hook: Hook, rec: RunRecord, agent: Any, ctx: Any) -> None:
     """Hand the run to the writer, or, when FlowAgent still has to commit it (its status stays
     "running" until the background commit of `persist_blocking=False` runs), when that commit is done."""
     try:
@@ -179,7 +182,7 @@ def _finish(hook: Any, rec: RunRecord, agent: Any, ctx: Any) -> None:
 # -- handlers -------------------------------------------------------------------------------------
 
 
-def _a_run_handler(hook: Any) -> Callable[..., Any]:
+def _a_run_handler(hook: Hook) -> Callable[..., Any]:
     def finish(rec: RunRecord, agent: Any, out: Any = None, exc: BaseException | None = None) -> None:
         ctx = None
         try:
@@ -231,7 +234,7 @@ def _a_run_handler(hook: Any) -> Callable[..., Any]:
     return handler
 
 
-def _a_stream_handler(hook: Any) -> Callable[..., Any]:
+def _a_stream_handler(hook: Hook) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             if inside_run_of(hook):
@@ -253,7 +256,7 @@ def _a_stream_handler(hook: Any) -> Callable[..., Any]:
     return handler
 
 
-def _stream_callbacks(hook: Any, rec: RunRecord, agent: Any, session_id: Any) -> tuple[Any, Any, Any]:
+def _stream_callbacks(hook: Hook, rec: RunRecord, agent: Any, session_id: Any) -> tuple[Any, Any, Any]:
     def on_start() -> None:
         try:
             rec.pre = _snapshot(agent, session_id)
@@ -290,7 +293,7 @@ def _stream_callbacks(hook: Any, rec: RunRecord, agent: Any, session_id: Any) ->
     return on_start, on_item, on_end
 
 
-def _engine_tool_handler(hook: Any) -> Callable[..., Any]:
+def _engine_tool_handler(hook: Hook) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         tool_call = args[1] if len(args) > 1 else kwargs.get("tool_call")
         ev = ToolEvent("engine", perf_counter(), tool_call=tool_call)
@@ -304,7 +307,7 @@ def _engine_tool_handler(hook: Any) -> Callable[..., Any]:
     return guarded_call(hook, ENGINE_TOOL, record, proceed)
 
 
-def _function_handler(hook: Any) -> Callable[..., Any]:
+def _function_handler(hook: Hook) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         name = args[0] if args else kwargs.get("function_name")
         ev = ToolEvent("function", perf_counter(), name=name, kwargs=kwargs)
@@ -317,7 +320,7 @@ def _function_handler(hook: Any) -> Callable[..., Any]:
     return guarded_call(hook, TOOL_METHOD, record, _timed_call(hook))
 
 
-def _timed_call(hook: Any) -> Any:
+def _timed_call(hook: Hook) -> Any:
     def proceed(
         frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
@@ -326,7 +329,7 @@ def _timed_call(hook: Any) -> Any:
     return proceed
 
 
-def _llm_handler(hook: Any, marks: TokenMarks) -> Callable[..., Any]:
+def _llm_handler(hook: Hook, marks: TokenMarks) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
         stream = kwargs.get("stream")
         if stream is None:
@@ -379,7 +382,7 @@ class FlowAgentAdapter:
     def plan(
         self,
         agent: Any,
-        hook: Any,
+        hook: Hook,
         *,
         run_methods: list[str] | None,
         tool_methods: list[str] | None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowrl.capture.events import Event, LLMEvent, PatchSpec, ToolEvent, guarded_call
 from flowrl.capture.recorder import (
@@ -35,6 +35,9 @@ from flowrl.capture.recorder import (
     relay,
     timed,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flowrl.capture.hook import Hook
 
 QUERY_KEYS = ("query", "prompt", "input", "message", "task", "text")
 SESSION_KEYS = ("session_id", "session")
@@ -54,7 +57,7 @@ def _session(kwargs: dict[str, Any]) -> Any:
     return "default"
 
 
-def run_handler(hook: Any, method: str, adapter: str = "generic") -> Callable[..., Any]:
+def run_handler(hook: Hook, method: str, adapter: str = "generic") -> Callable[..., Any]:
     def finish(rec: RunRecord, out: Any = None, exc: BaseException | None = None) -> None:
         try:
             if exc is not None:
@@ -134,7 +137,7 @@ def is_cancel(exc: BaseException) -> bool:
 
 
 def call_handler(
-    hook: Any, method: str, kind: str, sig: inspect.Signature | None = None, is_coro: bool = False
+    hook: Hook, method: str, kind: str, sig: inspect.Signature | None = None, is_coro: bool = False
 ) -> Callable[..., Any]:
     """A tool (`kind="tool"`) or LLM (`kind="llm"`) method of a generic agent. `sig` (without `self`)
     lets the writer name the arguments; `is_coro` (an `async def` method) skips what only plain
@@ -186,7 +189,7 @@ class GenericAdapter:
     def plan(
         self,
         agent: Any,
-        hook: Any,
+        hook: Hook,
         *,
         run_methods: list[str] | None,
         tool_methods: list[str] | None,
@@ -199,11 +202,11 @@ class GenericAdapter:
         return specs
 
 
-def tool_handler(hook: Any, cls: type, name: str) -> Callable[..., Any]:
+def tool_handler(hook: Hook, cls: type, name: str) -> Callable[..., Any]:
     return call_handler(hook, name, "tool", method_signature(cls, name), is_coroutine_method(cls, name))
 
 
-def llm_handler(hook: Any, cls: type, name: str) -> Callable[..., Any]:
+def llm_handler(hook: Hook, cls: type, name: str) -> Callable[..., Any]:
     return call_handler(hook, name, "llm", None, is_coroutine_method(cls, name))
 
 
