@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
     )
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-capture-", dir=args.store_dir) as tmp:
         root = Path(tmp)
@@ -357,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---:|---:|---:|")
         for r in rows:
             print(
-                f"| {r['case']} | {r['us_per_call']:.2f} | {r['added_us']:+.2f} | {r['ratio_to_bare']:.2f}x | {r['spread_us']:.2f} |"
+                f"| {r['case']} | {r['us_per_call']:.2f} | {r['added_us']:+.2f} | "
+                f"{r['ratio_to_bare']:.2f}x | {r['spread_us']:.2f} |"
             )
         if not extra["otel"]:
             print(
@@ -394,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         cpu = writer_cpu(args.events_per_run, 500, root)
         print(
-            f"| writer CPU, Python steps (build, mask, validate, serialise) | {cpu['python_ms_per_trace']:.3f} ms/trace "
+            f"| writer CPU, Python steps (build, mask, validate, serialise) | "
+            f"{cpu['python_ms_per_trace']:.3f} ms/trace "
             f"= {cpu['python_us_per_event']:.1f} µs/event |"
         )
         print(

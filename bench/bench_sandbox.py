@@ -24,7 +24,9 @@ from flowrl.rewards.sandbox import Sandbox
 
 CASES = {
     "trivial": "print(1+1)",
-    "json_loop": "import json\nfor i in range(1000):\n    json.dumps({'a': i, 'b': [1, 2, 3], 'c': 'x'})\nprint('done')",
+    "json_loop": (
+        "import json\nfor i in range(1000):\n    json.dumps({'a': i, 'b': [1, 2, 3], 'c': 'x'})\nprint('done')"
+    ),
 }
 
 

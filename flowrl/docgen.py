@@ -115,8 +115,10 @@ Files carry `schema_version`. Older files are upgraded on read by an ordered lis
 |---|---|
 | 0 | toolboxv2 rl-module files (no `schema_version`) |
 | 1 | flowrl fields added; `source` defaults to `import`; tool results with a traceback marked failed |
-| 2 | every trace has canonical `messages` (synthesised ones are marked `metadata.transcript = "synthesized"`); LLM calls may carry `prompt_token_ids`, `token_ids`, `logprobs`, `tokenizer`, `token_ids_dropped` |
-| 3 | `facts` added (`flowrl.facts`: outcome, tool tallies, task key, reference answer); tool `success` re-judged by the one rule (a `"{{'success': False, ...}}"` result is a failure) |
+| 2 | every trace has canonical `messages` (synthesised ones are marked `metadata.transcript = "synthesized"`); \
+LLM calls may carry `prompt_token_ids`, `token_ids`, `logprobs`, `tokenizer`, `token_ids_dropped` |
+| 3 | `facts` added (`flowrl.facts`: outcome, tool tallies, task key, reference answer); tool `success` \
+re-judged by the one rule (a `"{{'success': False, ...}}"` result is a failure) |
 """
 
 

@@ -268,7 +268,10 @@ class RLTools:
             (
                 self.start_rl_training,
                 "start_rl_training",
-                "Start training a better model from the collected traces (flowrl train, in the background). Returns at once.",
+                (
+                    "Start training a better model from the collected traces "
+                    "(flowrl train, in the background). Returns at once."
+                ),
             ),
             (
                 self.check_training_status,

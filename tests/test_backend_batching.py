@@ -1,10 +1,10 @@
 """TransformersBackend batches concurrent `complete` calls; every caller still gets what a lone call gives.
 
 The model is `helpers_tiny_model.save_lively_tiny_model`: greedy replies depend on the prompt and end at
-different steps, so the batch loses rows as it decodes. The weights come from a fixed seed. Batched greedy replies must equal lone
-ones id for id; logprobs are compared within 1e-4, since left padding changes the shapes of the fp32 matrix
-products (observed differences: about 1e-6). Sampled replies are compared only where the submission order
-is fixed, since each call's sampler is seeded by its submission number.
+different steps, so the batch loses rows as it decodes. The weights come from a fixed seed. Batched greedy
+replies must equal lone ones id for id; logprobs are compared within 1e-4, since left padding changes the
+shapes of the fp32 matrix products (observed differences: about 1e-6). Sampled replies are compared only where
+the submission order is fixed, since each call's sampler is seeded by its submission number.
 """
 
 from __future__ import annotations

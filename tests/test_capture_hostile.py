@@ -502,7 +502,10 @@ def test_a_50mb_value_reaches_the_writer_already_bounded(tmp_path) -> None:
     )
     records: list[Any] = []
     real_submit = hook.registration.submit
-    hook.registration.submit = lambda rec: (records.append(rec.build()), real_submit(rec))[1]  # type: ignore[method-assign]
+    hook.registration.submit = lambda rec: (  # type: ignore[method-assign]
+        records.append(rec.build()),
+        real_submit(rec),
+    )[1]
     try:
         asyncio.run(agent.a_run("q"))
         (trace,) = flushed(hook, 60)

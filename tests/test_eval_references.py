@@ -58,7 +58,10 @@ def _scores(prompts: list) -> dict[str, tuple[str | None, float | None, float | 
 @pytest.mark.parametrize(
     "builder", [GRPODatasetBuilder(), KTODatasetBuilder(), DPODatasetBuilder()], ids=["grpo", "kto", "dpo"]
 )
-def test_eval_never_takes_a_guessed_reference_from_a_built_dataset(builder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_eval_never_takes_a_guessed_reference_from_a_built_dataset(  # type: ignore[no-untyped-def]
+    builder,
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "data"
     DatasetPipeline(builder, val_fraction=0.0).build(RUNS, out)
     prompts, _ = load_prompts(out)

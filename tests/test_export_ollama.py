@@ -193,7 +193,8 @@ CONVERSATIONS = [
 @pytest.mark.integration
 @pytest.mark.parametrize("jinja", ["chatml", "llama3"])
 def test_go_template_renders_like_the_jinja_template(tmp_path: Path, jinja: str) -> None:
-    """Runs the Modelfile's TEMPLATE through Go's text/template, fed as Ollama feeds it, against transformers' rendering."""
+    """Runs the Modelfile's TEMPLATE through Go's text/template, fed as Ollama feeds it, against transformers'
+    rendering."""
     import json
     import shutil
     import subprocess

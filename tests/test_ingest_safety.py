@@ -101,7 +101,10 @@ def test_hostile_object_hidden_inside_a_real_looking_checkpoint(tmp_path: Path) 
 
 
 def test_sized_bytes_constructor_is_refused() -> None:
-    payload = b"\x80\x04\x95\x1b\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x05bytes\x94\x93\x94J\x00\xca\x9a;\x85\x94R\x94."
+    payload = (
+        b"\x80\x04\x95\x1b\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\x05bytes"
+        b"\x94\x93\x94J\x00\xca\x9a;\x85\x94R\x94."
+    )
     with pytest.raises(IngestError, match="not allowed"):
         loads_restricted(payload, origin="big.pkl")
 

@@ -113,7 +113,10 @@ def test_captured_structured_tool_call_trace_scores_one():
 @pytest.mark.parametrize(
     "text",
     [
-        '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+        (
+            '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>'
+        ),
         '<tool_call>{"name": "a", "arguments": {"x": 1}}',  # closing tag eaten by a stop string
         "<tool_call>\n<function=exec_code>\n<parameter=code>\nprint(1)\n</parameter>\n</function>\n</tool_call>",
         '<|python_tag|>{"name": "a", "parameters": {"x": 1}}<|eom_id|>',

@@ -16,7 +16,10 @@ err_console = Console(stderr=True, soft_wrap=True)
 StoreOption = typer.Option(
     None,
     "--store",
-    help="Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces).",
+    help=(
+        "Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, "
+        "else ~/.local/share/flowrl/traces)."
+    ),
 )
 
 

@@ -24,7 +24,8 @@ def demo(
     ),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of reusing what an earlier run made."),
 ) -> None:
-    """Run the whole loop: capture, ingest, score, build, train, improve (rounds with held-out evals), export, report."""
+    """Run the whole loop: capture, ingest, score, build, train, improve (rounds with held-out evals), export, \
+report."""
     import sys
     import time
 

@@ -23,7 +23,10 @@ def export(
     ollama: str | None = typer.Option(
         None,
         "--ollama",
-        help="Register the model with Ollama under this name (`ollama create`), or print the command when Ollama is not installed.",
+        help=(
+            "Register the model with Ollama under this name (`ollama create`), "
+            "or print the command when Ollama is not installed."
+        ),
     ),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip loading the GGUF back and comparing logits."),
     base_model: str | None = typer.Option(

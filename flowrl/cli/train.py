@@ -141,7 +141,9 @@ def train(
     agent: str | None = typer.Option(
         None,
         "--agent",
-        help="GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter.",
+        help=(
+            "GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter."
+        ),
     ),
     store: Path | None = typer.Option(
         None,
@@ -154,7 +156,10 @@ def train(
     max_turns: int | None = typer.Option(
         None,
         "--max-turns",
-        help="With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512).",
+        help=(
+            "With --agent: model turns per episode (default 6); "
+            "--max-completion-length bounds its tokens (default 512)."
+        ),
     ),
     use_vllm: bool | None = typer.Option(
         None,

@@ -65,7 +65,8 @@ def render_card(meta: dict[str, Any]) -> str:
         "",
         f"Traces read (after filters): {stats['traces_read']}; used in rows: {stats['traces_used']}; "
         f"unreadable files skipped: {stats['unreadable_files']}.",
-        f"Conversations synthesised from tool calls (no `messages` on the trace): {stats['synthesized_conversations']}; "
+        "Conversations synthesised from tool calls (no `messages` on the trace): "
+        f"{stats['synthesized_conversations']}; "
         f"traces without tool calls: {stats['traces_without_tool_calls']}.",
         "",
     ]

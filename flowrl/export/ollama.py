@@ -50,7 +50,8 @@ LLAMA3_TEMPLATE = """{{- if .System }}<|start_header_id|>system<|end_header_id|>
 {{- end }}
 {{- range $i, $_ := .Messages }}
 {{- $last := eq (len (slice $.Messages $i)) 1 }}
-{{- if ne .Role "system" }}<|start_header_id|>{{ if eq .Role "tool" }}ipython{{ else }}{{ .Role }}{{ end }}<|end_header_id|>
+{{- if ne .Role "system" }}<|start_header_id|>\
+{{ if eq .Role "tool" }}ipython{{ else }}{{ .Role }}{{ end }}<|end_header_id|>
 
 {{ .Content }}{{ if or (ne .Role "assistant") (not $last) }}<|eot_id|>{{ end }}
 {{- end }}

@@ -5,14 +5,21 @@ Field sources:
 | field | from |
 |---|---|
 | `user_query` | the turn's user message; for auto-resumed segments the follow-up after the resume marker |
-| `final_response` | the checkpoint's final assistant message, else the segment's `final_answer` argument, else the obs `final_answer_summary` |
-| `messages` | the run transcript up to the end of the segment (OpenAI format, `flowrl.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
-| `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, duration, time and status from the record; `success` is honest (`flowrl.facts.tool_failed`, obs `status == "error"`) |
+| `final_response` | the checkpoint's final assistant message, else the segment's `final_answer` argument, else \
+the obs `final_answer_summary` |
+| `messages` | the run transcript up to the end of the segment (OpenAI format, \
+`flowrl.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
+| `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, \
+duration, time and status from the record; `success` is honest (`flowrl.facts.tool_failed`, obs `status == "error"`) |
 | `reasoning_steps` | `think` calls (`THOUGHT: ...` / `ASSESSMENT: ...`), as toolboxv2's rl module writes them |
-| `success` | what the run said about itself (`flowrl.facts.reported_success`, as capture decides it): false for an error answer (`Error: ...`), else `final_answer(success=...)` (obs `success` for the last segment); null without either |
+| `success` | what the run said about itself (`flowrl.facts.reported_success`, as capture decides it): false \
+for an error answer (`Error: ...`), else `final_answer(success=...)` (obs `success` for the last segment); null \
+without either |
 | `facts` | `flowrl.facts.trace_facts`, once the trace is redacted (`flowrl.ingest.engine`) |
-| tokens, `llm_calls`, duration | the segment's obs steps (only the last LLM call of each step is recorded); null without obs |
-| `timestamp` | the segment's first step, else the obs run start; from chat_history alone, the V1 message's time when it is a real one, else the checkpoint's (`checkpoint.checkpoint_time`) |
+| tokens, `llm_calls`, duration | the segment's obs steps (only the last LLM call of each step is recorded); \
+null without obs |
+| `timestamp` | the segment's first step, else the obs run start; from chat_history alone, the V1 message's \
+time when it is a real one, else the checkpoint's (`checkpoint.checkpoint_time`) |
 
 `final_answer` is not a tool call here (its arguments are the answer); `think` is a reasoning step.
 Checkpoint `statistics` are lifetime totals and are never spread over turns.

@@ -6,7 +6,8 @@ walked recursively and files are recognised by name:
 
 | file | kind |
 |---|---|
-| `agent_checkpoint_YYYYmmdd_HHMMSS.pkl`, `final_checkpoint.pkl` | checkpoint (V1 or V2, told apart by the pickled class) |
+| `agent_checkpoint_YYYYmmdd_HHMMSS.pkl`, `final_checkpoint.pkl` | checkpoint (V1 or V2, told apart by the \
+pickled class) |
 | `run_<id>.json` | obs run |
 | `live_<id>*.jsonl` | obs live file |
 | `*.json` inside a `YYYY-MM-DD` folder | trace (rl_traces or a flowrl store) |

@@ -10,7 +10,8 @@ The allow-list (docs/reference/flowagent-0.1.28.md §3.1 and §3.7):
 
 | pickled global | what flowrl gives the pickle |
 |---|---|
-| `toolboxv2.mods.isaa.base.Agent.checkpoint_manager.AgentCheckpoint` | `V2Checkpoint`, a plain stand-in that only stores its state |
+| `toolboxv2.mods.isaa.base.Agent.checkpoint_manager.AgentCheckpoint` | `V2Checkpoint`, a plain stand-in that \
+only stores its state |
 | `toolboxv2.mods.isaa.base.Agent.types.AgentCheckpoint` (V1) | `V1Checkpoint`, the same kind of stand-in |
 | `toolboxv2.mods.isaa.base.Agent.vfs_v2.FileBackingType` | `FileBackingType`, a stand-in holding the enum value |
 | `datetime.datetime`, `datetime.date`, `datetime.time`, `datetime.timedelta`, `datetime.timezone` | the real classes |

@@ -260,7 +260,9 @@ def render(
         )
     stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
     return (
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width'>"
         f"<title>flowrl report</title><style>{_CSS}</style></head><body><header><h1>flowrl report</h1>"
-        f"<p>{m.traces} traces · generated {stamp} · flowrl {__version__}</p></header><main>{''.join(parts)}</main></body></html>"
+        f"<p>{m.traces} traces · generated {stamp} · flowrl {__version__}</p></header>"
+        f"<main>{''.join(parts)}</main></body></html>"
     )

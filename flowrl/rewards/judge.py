@@ -3,8 +3,8 @@
 Relative mode (the default) follows OpenPipe ART's RULER: all traces for the same task (same
 `flowrl.facts.task_key`: `group_key`, else the user turn as a task) go to the judge in ONE call. The messages
 they share from the start are sent once in `<context>`, the offered tools in `<available_tools>`, and each
-trace's remainder in its own `<trajectory id="N">`; the judge answers one 0-1 score per trajectory. Identical traces are sent once
-and share the score. Absolute mode scores each trace on its own.
+trace's remainder in its own `<trajectory id="N">`; the judge answers one 0-1 score per trajectory. Identical
+traces are sent once and share the score. Absolute mode scores each trace on its own.
 
 Reads `messages` (else a transcript rebuilt from `user_query`, `tool_calls` and `final_response`) and `tools`.
 Value: the judge's score. When the judge cannot be asked or answers nothing usable after its retries (no

@@ -179,7 +179,10 @@ def _unshare_prelude(layout: list[Mount]) -> str:
         '  [ -e "/dev/$n" ] || continue; touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"',
         "done",
         'ln -s /proc/self/fd "$R/dev/fd"',
-        'ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"',
+        (
+            'ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; '
+            'ln -s /proc/self/fd/2 "$R/dev/stderr"'
+        ),
         'mkdir "$R/dev/shm"',
         'mount -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"',
         'mount --rbind /proc "$R/proc"',  # unshare --mount-proc made it for our PID namespace

@@ -1,11 +1,11 @@
 """score_store: score the traces of a store and write the rewards back onto each trace.
 
 What `flowrl score` runs. It picks the traces that lack a value for one of the engine's rewards or got an
-outcome from the host since they were scored (or all of them with `rescore_all`), keeps traces of the same task together (so the judge can compare them in one
-call), scores batches in a thread pool (the sandbox reward batches its own programs), and writes
-`rewards`, `reward_details`, `reward_score` and an engine `label` onto each trace with `TraceStore.update`
-(atomic). A manual label (`flowrl traces label`) is never overwritten: the file is read again right before
-the write, so a label given while scoring runs survives too.
+outcome from the host since they were scored (or all of them with `rescore_all`), keeps traces of the same
+task together (so the judge can compare them in one call), scores batches in a thread pool (the sandbox reward
+batches its own programs), and writes `rewards`, `reward_details`, `reward_score` and an engine `label` onto
+each trace with `TraceStore.update` (atomic). A manual label (`flowrl traces label`) is never overwritten: the
+file is read again right before the write, so a label given while scoring runs survives too.
 
 A reward that crashes is an error, not "cannot judge" (see engine.py). Every result is computed before anything
 is written. When more than `max_error_rate` (1% by default) of the (trace, reward) results are errors,
@@ -141,7 +141,8 @@ class ErrorBudgetExceeded(FlowRLError):
         super().__init__(
             f"reward {name!r} crashed on {count} of {summary.computed} traces{others} "
             f"({summary.rewards[name].first_error}): {summary.error_results} of {summary.results} results are errors, "
-            f"over the {summary.max_error_rate * 100:g}% budget{stopped}, so nothing was written; fix the reward, turn it "
+            f"over the {summary.max_error_rate * 100:g}% budget{stopped}, so nothing was written; "
+            "fix the reward, turn it "
             f"off with `enabled = false` under [rewards.{name}] in the reward config, or allow more with "
             f"--max-error-rate"
         )

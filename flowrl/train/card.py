@@ -81,7 +81,8 @@ def render_training_card(record: dict[str, Any], rows: list[dict[str, Any]]) -> 
         f"- method: {cfg['method']}; steps: {res['start_step']} -> {res['global_step']}"
         + (f" (resumed from step {res['start_step']})" if res["start_step"] else ""),
         f"- hardware: {hardware.get('accelerator', '?')}, profile `{settings.get('profile', '?')}`; precision "
-        f"{settings.get('precision')}; gradient checkpointing {'on' if settings.get('gradient_checkpointing') else 'off'}",
+        f"{settings.get('precision')}; gradient checkpointing "
+        f"{'on' if settings.get('gradient_checkpointing') else 'off'}",
         f"- batch {settings.get('per_device_train_batch_size')} per device x {settings.get('world_size', 1)} processes "
         f"x accumulation {settings.get('gradient_accumulation_steps')}"
         + (f"; {settings.get('num_generations')} completions per prompt" if cfg["method"].startswith("grpo") else ""),

@@ -208,7 +208,8 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
             if config.per_device_train_batch_size is not None:
                 raise ConfigError(
                     f"num_generations {generations} must divide the generation batch "
-                    f"(batch {batch} x {world} processes x accumulation {accumulation} = {batch * world * accumulation}): "
+                    f"(batch {batch} x {world} processes x accumulation {accumulation} = "
+                    f"{batch * world * accumulation}): "
                     "change --batch-size or --num-generations"
                 )
             batch = next(

@@ -1,9 +1,10 @@
 """GRPO on logged groups: replay what the agent already did through TRL's `rollout_func`.
 
 TRL's GRPOTrainer asks `rollout_func(prompts, trainer)` for completions instead of generating them
-(TRL 1.16, `GRPOTrainer(rollout_func=...)`: docs/training.md). flowrl answers with the completions logged for that prompt (one group of an offline GRPO
-dataset) and forwards each one's logged reward; a pass-through reward function hands those rewards back to
-TRL, which computes group-relative advantages and the clipped policy loss as usual.
+(TRL 1.16, `GRPOTrainer(rollout_func=...)`: docs/training.md). flowrl answers with the completions logged for
+that prompt (one group of an offline GRPO dataset) and forwards each one's logged reward; a pass-through
+reward function hands those rewards back to TRL, which computes group-relative advantages and the clipped
+policy loss as usual.
 
 Every completion is the whole logged trajectory (assistant turns, tool calls, tool results, the final
 answer), encoded by `flowrl.data.encode`: the ids the model really sampled where the run captured them,
@@ -128,7 +129,8 @@ class OfflineGroups:
             rewards = [None if r is None else float(r) for r in (row[self.rewards_col] or [])]
             if len(rewards) != len(completions):
                 raise ConfigError(
-                    f"an offline GRPO row has {len(completions)} completions but {len(rewards)} rewards: rebuild the dataset"
+                    f"an offline GRPO row has {len(completions)} completions but {len(rewards)} rewards: "
+                    "rebuild the dataset"
                 )
             keep = [i for i, r in enumerate(rewards) if r is not None]
             if len(keep) < num_generations:
@@ -156,7 +158,8 @@ class OfflineGroups:
         self.stats.used = len(self.groups)
         if not self.groups:
             raise ConfigError(
-                f"no usable group in the offline GRPO dataset ({self.stats.groups} groups: {self.stats.too_small} with fewer "
+                f"no usable group in the offline GRPO dataset ({self.stats.groups} groups: "
+                f"{self.stats.too_small} with fewer "
                 f"than {num_generations} scored completions, {self.stats.zero_variance} where every reward is equal): "
                 "lower --num-generations or log more runs per prompt"
             )

@@ -1,10 +1,11 @@
 """Write FlowAgent-shaped files without toolboxv2: checkpoints (V2, V1) and obs run files.
 
 Test scaffolding (the tests and `bench/bench_ingest.py`), kept out of the package because it patches
-`sys.modules`; the demo ships real FlowAgent files instead (`flowrl/demo/fixtures`). The pickles name the real FlowAgent class paths (reference §6): the
-classes below report `toolboxv2.mods.isaa.base.Agent.*` as their module and are registered under that
-name in `sys.modules` only while pickling (unless toolboxv2 itself is imported, which is left alone).
-Real FlowAgent `pickle.load()` would rebuild them; flowrl reads them with its restricted unpickler.
+`sys.modules`; the demo ships real FlowAgent files instead (`flowrl/demo/fixtures`). The pickles name the real
+FlowAgent class paths (reference §6): the classes below report `toolboxv2.mods.isaa.base.Agent.*` as their
+module and are registered under that name in `sys.modules` only while pickling (unless toolboxv2 itself is
+imported, which is left alone). Real FlowAgent `pickle.load()` would rebuild them; flowrl reads them with its
+restricted unpickler.
 """
 
 from __future__ import annotations
