@@ -40,7 +40,8 @@ class ToolEvent:
     - "generic": `method`, `args`, `kwargs` and `signature` of the named tool method (`assemble` names the tool
       and its arguments from them); `result` its raw return value.
 
-    `inner` is the same call seen one layer down (FlowAgent's `arun_function` inside `_execute_tool_call`)."""
+    `inner` is the same call seen one layer down (FlowAgent's `arun_function` inside `_execute_tool_call`).
+    Adapters build it with positional arguments on the hot path (keywords cost 0.2 µs more per call here)."""
 
     source: ToolSource
     started: float
@@ -88,9 +89,10 @@ Record = Callable[["Frame", Any, tuple[Any, ...], dict[str, Any]], Event | None]
 Proceed = Callable[["Frame", Any, Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed) -> Callable[..., Any]:
-    """A wrapt handler for a tool or LLM method (see the module docstring)."""
-    from flowrl.capture.recorder import frame_of
+def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed | None = None) -> Callable[..., Any]:
+    """A wrapt handler for a tool or LLM method (see the module docstring). Without `proceed`, the host's
+    coroutine is awaited and timed into the event (`recorder.timed`, no frame: nothing nests into the call)."""
+    from flowrl.capture.recorder import frame_of, timed
 
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         frame = frame_of(hook)
@@ -103,6 +105,8 @@ def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed) -> Ca
             event = None
         if event is None:
             return wrapped(*args, **kwargs)
+        if proceed is None:  # the common case, inline: one call fewer on the hot path
+            return timed(hook, None, event, wrapped(*args, **kwargs))
         return proceed(frame, event, wrapped, instance, args, kwargs)
 
     return handler

@@ -296,7 +296,7 @@ def _stream_callbacks(hook: Hook, rec: RunRecord, agent: Any, session_id: Any) -
 def _engine_tool_handler(hook: Hook) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         tool_call = args[1] if len(args) > 1 else kwargs.get("tool_call")
-        ev = ToolEvent("engine", perf_counter(), tool_call=tool_call)
+        ev = ToolEvent("engine", perf_counter(), None, None, (), None, None, tool_call)  # positional: the hot path
         return ev if frame[0].add(ev) else None
 
     def proceed(
@@ -310,23 +310,14 @@ def _engine_tool_handler(hook: Hook) -> Callable[..., Any]:
 def _function_handler(hook: Hook) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         name = args[0] if args else kwargs.get("function_name")
-        ev = ToolEvent("function", perf_counter(), name=name, kwargs=kwargs)
+        ev = ToolEvent("function", perf_counter(), name, None, (), kwargs)  # positional: the hot path
         parent = frame[1]
         if parent is not None and parent.source == "engine" and parent.inner is None:
             parent.inner = ev  # the same call seen one layer down (assemble merges it when the names match)
             return ev
         return ev if frame[0].add(ev) else None
 
-    return guarded_call(hook, TOOL_METHOD, record, _timed_call(hook))
-
-
-def _timed_call(hook: Hook) -> Any:
-    def proceed(
-        frame: Frame, ev: Any, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        return timed(hook, None, ev, wrapped(*args, **kwargs))
-
-    return proceed
+    return guarded_call(hook, TOOL_METHOD, record)
 
 
 def _llm_handler(hook: Hook, marks: TokenMarks) -> Callable[..., Any]:

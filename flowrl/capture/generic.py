@@ -146,7 +146,7 @@ def call_handler(
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event | None:
         ev: Event
         if kind == "tool":
-            ev = ToolEvent("generic", perf_counter(), method=method, args=args, kwargs=kwargs, signature=sig)
+            ev = ToolEvent("generic", perf_counter(), None, method, args, kwargs, sig)  # positional: the hot path
         else:
             ev = LLMEvent(perf_counter(), kwargs, kwargs.get("model"), bool(kwargs.get("stream")))
         return ev if frame[0].add(ev) else None
@@ -159,8 +159,6 @@ def call_handler(
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        if is_coro:  # calling it only creates the coroutine: its body runs inside `timed`
-            return timed(hook, None, ev, wrapped(*args, **kwargs))
         token = enter_frame((frame[0], ev if isinstance(ev, ToolEvent) else None))
         try:
             out = wrapped(*args, **kwargs)
@@ -175,7 +173,8 @@ def call_handler(
         ev.returned(out)
         return out
 
-    return guarded_call(hook, method, record, proceed)
+    # an `async def` method: calling it only creates the coroutine, whose body runs inside `timed`
+    return guarded_call(hook, method, record, None if is_coro else proceed)
 
 
 class GenericAdapter:
