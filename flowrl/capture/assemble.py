@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from flowrl.capture import openai_client
 from flowrl.capture.events import Event, LLMEvent, ToolEvent
 from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
@@ -35,9 +36,11 @@ from flowrl.transcript import (
     final_answer_args,
     parse_arguments,
     tool_call_parts,
+    transcript_calls,
 )
 
 ERROR_TEXT_CHARS = 500
+LLM_CLIENT = "llm_client"  # metadata.transcript of a run whose messages are its last LLM client call's
 
 
 def _iso(ts: float) -> str:
@@ -386,11 +389,54 @@ def _llm_call(ev: LLMEvent, v: Values | None = None) -> dict[str, Any]:
     return entry
 
 
+def _offered(ev: Event) -> list[Any]:
+    """The tools an LLM event offered: its own `tools=`, and those of the client calls made inside it."""
+    if not isinstance(ev, LLMEvent):
+        return []
+    if ev.api is not None:
+        return openai_client.tools_of(ev)
+    tools = (ev.kwargs or {}).get("tools")
+    found = list(tools) if isinstance(tools, (list, tuple)) else []  # never iterate the host's generator
+    for inner in ev.inner or ():
+        found += openai_client.tools_of(inner)
+    return found
+
+
+def _llm_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
+    """One `llm_calls` entry: a hooked method's, a client call's (`openai_client`), or both merged."""
+    try:
+        if ev.api is not None:
+            return openai_client.call_entry(ev, v)
+        entry = _llm_call(ev, v)
+        return openai_client.merged_entry(entry, ev.inner, v) if ev.inner else entry
+    except BaseException:  # a response object that cannot be read: the call as a method saw it
+        return _llm_call(ev, v)
+
+
+def _seen_messages(ev: LLMEvent) -> list[Any] | None:
+    try:
+        return openai_client.seen_messages(ev)
+    except BaseException:  # an object in the request that cannot be read: no transcript from it
+        return None
+
+
+def _calls_from_messages(b: _Builder, messages: list[dict[str, Any]], asked: dict[str, float]) -> None:
+    """The tool calls of a run known by its transcript alone (no tool method hooked): each call the model
+    asked for that a tool message answers, timed at the end of the LLM call that asked for it."""
+    for call in transcript_calls(messages):
+        if call.result is None and call.name != "final_answer":
+            continue  # asked for, never answered: not run (it stays in `messages`)
+        t0 = asked.get(call.call_id) if call.call_id else None
+        result = call.result or ""
+        b.add_call(t0, call.name, b.arguments(call.arguments), result, None, None, None, call.call_id, "transcript")
+
+
 def _tools_offered(v: Values, events: list[Event]) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for ev in events:
-        tools = (ev.kwargs or {}).get("tools") if isinstance(ev, LLMEvent) else None
-        if not isinstance(tools, (list, tuple)):  # never iterate what could be the host's generator
+        try:
+            tools = _offered(ev)
+        except BaseException:
             continue
         for tool in tools:
             try:
@@ -442,11 +488,23 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     b = _Builder(rec, v)
     events = list(rec.events)
     llm_calls = []
+    client_seen: LLMEvent | None = None  # the last client call that carries its request (what the model saw)
+    asked: dict[str, float] = {}  # tool call id -> when the call that asked for it returned
+    has_tool_events = False
     for ev in events:
         if isinstance(ev, ToolEvent):
+            has_tool_events = True
             b.tool(ev)
-        else:
-            llm_calls.append(_llm_call(ev, v))
+            continue
+        entry = _llm_entry(ev, v)
+        llm_calls.append(entry)
+        for client in openai_client.client_events(ev):
+            if client.request is not None or client.kwargs.get("instructions"):
+                client_seen = client
+        end = ev.started + (ev.duration or 0.0)
+        for tc in entry.get("tool_calls") or ():
+            if isinstance(tc, dict) and tc.get("id"):
+                asked.setdefault(tc["id"], end)
     b.stream_tools()
     b.calls.sort(key=lambda pair: pair[0])
     tool_calls = [entry for _, entry in b.calls]
@@ -458,8 +516,18 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     final_text = v.text(final)
 
     messages: list[dict[str, Any]] | None = None  # None: rebuilt by complete_trace() once masked
-    if rec.messages is not None:
+    transcript = None
+    if rec.messages is not None:  # the adapter's own transcript (FlowAgent's working history)
         messages = b.messages(rec.messages)
+    elif client_seen is not None:  # what the model saw: the last client call's request and its response
+        seen = _seen_messages(client_seen)
+        if seen is not None:
+            messages, transcript = b.messages(seen), LLM_CLIENT
+            if not has_tool_events:  # no tool method hooked: the transcript's answered calls are the tool calls
+                _calls_from_messages(b, messages, asked)
+                b.calls.sort(key=lambda pair: pair[0])
+                tool_calls = [entry for _, entry in b.calls]
+    if messages is not None:
         _reasoning_from_messages(b, messages)
 
     fa = (
@@ -500,6 +568,8 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         metadata["events_over_limit"] = rec.overflow
     if b.unreadable_messages:
         metadata["unreadable_messages"] = b.unreadable_messages
+    if transcript is not None:
+        metadata["transcript"] = transcript
 
     return {
         "trace_id": rec.trace_id,

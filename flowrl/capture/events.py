@@ -63,7 +63,14 @@ class ToolEvent:
 @dataclass(slots=True, eq=False)
 class LLMEvent:
     """One model call: its keyword arguments as given (the tools offered are read from them), the model name,
-    whether it streams, and what it returned (`output`); tokens and cost where the adapter can attribute them."""
+    whether it streams, and what it returned (`output`); tokens and cost where the adapter can attribute them.
+
+    A call recorded at the LLM client (`openai_client.py`) also has `api` (which API: "openai.chat",
+    "openai.responses"), `request` (a shallow copy of the request's `messages`, or the Responses `input`, as
+    sent: the host may append to its own list afterwards) and, for a stream, `chunks` (the items the host
+    was handed, appended as it reads them). A client call made inside a hooked LLM method of the same run is
+    not a second call: it is kept in the method's `inner` list, and the writer reads the request and response
+    from it. Built with positional arguments on the hot path."""
 
     started: float
     kwargs: dict[str, Any]
@@ -75,6 +82,10 @@ class LLMEvent:
     tokens_in: int | None = None
     tokens_out: int | None = None
     cost: float | None = None
+    api: str | None = None
+    request: Any = None
+    chunks: list[Any] | None = None
+    inner: list[LLMEvent] | None = None
 
     def returned(self, value: Any) -> None:
         self.output = value
@@ -92,7 +103,7 @@ Proceed = Callable[["Frame", Any, Callable[..., Any], Any, tuple[Any, ...], dict
 def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed | None = None) -> Callable[..., Any]:
     """A wrapt handler for a tool or LLM method (see the module docstring). Without `proceed`, the host's
     coroutine is awaited and timed into the event (`recorder.timed`, no frame: nothing nests into the call)."""
-    from flowrl.capture.recorder import frame_of, timed
+    from flowrl.capture.recorder import enter_llm, frame_of, leave_llm, timed
 
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         frame = frame_of(hook)
@@ -107,7 +118,13 @@ def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed | None
             return wrapped(*args, **kwargs)
         if proceed is None:  # the common case, inline: one call fewer on the hot path
             return timed(hook, None, event, wrapped(*args, **kwargs))
-        return proceed(frame, event, wrapped, instance, args, kwargs)
+        if event.__class__ is not LLMEvent:
+            return proceed(frame, event, wrapped, instance, args, kwargs)
+        token = enter_llm((frame[0], event))  # a plain LLM method: the client calls it makes attach to it
+        try:
+            return proceed(frame, event, wrapped, instance, args, kwargs)
+        finally:
+            leave_llm(token)
 
     return handler
 

@@ -62,6 +62,7 @@ OPTIONS = frozenset(
         "io_threads",
         "source",
         "on_trace",
+        "llm_clients",
     }
 )
 _WARN_FIRST = 3
@@ -95,6 +96,7 @@ class Hook:
         self.max_events = max_events
         self.handlers: dict[tuple[str | None, str], Callable[..., Any]] = {}
         self.methods: list[str] = []
+        self.llm_clients: frozenset[str] = frozenset()  # client libraries whose calls in its runs it records
         self._patches: list[tuple[type, str]] = []
         self._agent_id = id(agent)
         self._active = False
@@ -314,7 +316,28 @@ class Hook:
         self._active = True
         _patch.register(agent, self, self._agent_gone)
 
+    def _install_clients(self, clients: tuple[str, ...]) -> None:
+        """Patch the LLM client libraries (`openai_client`, process-wide, reference-counted). A failure is
+        counted and logged: the agent's own methods are still captured."""
+        if not clients:
+            return
+        from flowrl.capture import openai_client
+
+        try:
+            self.methods += openai_client.acquire(self, clients)
+            self.llm_clients = frozenset(clients)
+        except Exception as exc:
+            self.fail("patching the LLM client library", exc)
+
     def _release_patches(self) -> None:
+        if self.llm_clients:
+            from flowrl.capture import openai_client
+
+            self.llm_clients = frozenset()
+            try:
+                openai_client.release(self)
+            except Exception as exc:  # pragma: no cover - defensive: release does not raise
+                self.fail("unpatching the LLM client library", exc)
         patches, self._patches = self._patches, []
         for owner, attr in patches:
             try:
@@ -375,7 +398,9 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     writer thread itself; hooks on one store share them, and the largest number asked for runs),
     `source` (the traces' `source`, default "live"; online training rollouts use "train"), `on_trace`
     (callable given each trace once it is written, on the writer thread; what it raises is caught,
-    counted in `stats.errors` and logged, never raised into the agent).
+    counted in `stats.errors` and logged, never raised into the agent), `llm_clients` ("auto", the
+    default: the OpenAI SDK when it is importable; ["openai"]; [] for none: the client calls made inside
+    the agent's runs are recorded as its LLM calls, with what the model saw as the trace's `messages`).
 
     Every hook on one store shares the process's one collector for it (one writer thread and its I/O
     threads). Hooking an agent that is already hooked returns its existing Hook when the store and the
@@ -430,6 +455,7 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
         "metadata": dict(options.get("metadata") or {}),
         "source": source,
         "on_trace": on_trace,
+        "llm_clients": _clients(options.get("llm_clients", "auto")),
     }
     try:  # outside _patch._LOCK: whoever holds that lock never waits for the collectors' registry
         effective["exit_timeout"] = float(effective["exit_timeout"])
@@ -463,6 +489,7 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
                     agent, hook, run_methods=run_methods, tool_methods=tool_methods, llm_methods=llm_methods
                 )
                 hook._install(agent, specs)
+                hook._install_clients(effective["llm_clients"])
     except BaseException:
         registration.close(0)
         raise
@@ -471,6 +498,32 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
         return existing
     log.info("flowrl: capturing %s (%s) into %s", hook.agent_name, ", ".join(hook.methods), hook.store.root)
     return hook
+
+
+def _clients(value: Any) -> tuple[str, ...]:
+    """The `llm_clients` option: "auto" (every client library flowrl knows that is importable), a list of
+    names (`openai_client.CLIENTS`), or None/[] (none)."""
+    from flowrl.capture import openai_client
+
+    if value == "auto":
+        return openai_client.auto_clients()
+    if value is None or value is False:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    try:
+        names = list(value)
+    except TypeError:
+        raise ConfigError(f"llm_clients must be 'auto' or a list of names, not {value!r}") from None
+    unknown = [n for n in names if n not in openai_client.CLIENTS]
+    if unknown:
+        raise ConfigError(
+            f"llm_clients: unknown client(s) {unknown!r} (known: {', '.join(openai_client.CLIENTS)}, or 'auto')"
+        )
+    missing = [n for n in names if not openai_client.importable(n)]
+    if missing:
+        raise ConfigError(f"llm_clients: {', '.join(missing)} cannot be imported here (install it, or leave it out)")
+    return tuple(dict.fromkeys(names))
 
 
 def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | None:
@@ -536,6 +589,8 @@ def _differences(hook: Hook, agent: Any, store: Any, options: dict[str, Any]) ->
             value = dict(value or {})
         elif key == "redact":
             value = bool(value)
+        elif key == "llm_clients":
+            value = _clients(value)
         have = hook.options.get(key)
         try:
             same = have is value or bool(have == value)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
+from flowrl.capture.events import LLMEvent
 from flowrl.schema import new_trace_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +38,15 @@ _FRAME: ContextVar[Frame | None] = ContextVar("flowrl_capture_frame", default=No
 enter_frame = _FRAME.set  # -> a token for leave_frame; always reset in the same coroutine frame
 leave_frame = _FRAME.reset
 current_frame = _FRAME.get
+
+# The hooked LLM method in progress, as (its run, its event): an LLM client call made inside it (the OpenAI SDK
+# patched by `openai_client.py`) attaches to that event instead of being a second LLM call. Set by
+# `events.guarded_call` around a plain LLM method and by `timed` around an awaited one.
+OpenLLM = tuple["RunRecord | None", LLMEvent]
+_LLM: ContextVar[OpenLLM | None] = ContextVar("flowrl_capture_llm", default=None)
+enter_llm = _LLM.set
+leave_llm = _LLM.reset
+current_llm = _LLM.get
 
 perf_counter = time.perf_counter
 _OUTCOMES_LOCK = threading.Lock()  # between the host adding an outcome and the writer taking them (rare)
@@ -207,12 +217,18 @@ async def timed(
     host's result and exceptions pass through unchanged; `post(result)` may return a replacement (a stream
     wrapper); its failure is counted and the original result returned."""
     token = None if frame is None else _FRAME.set(frame)
+    ltoken = None
+    if ev.__class__ is LLMEvent:  # an LLM method: client calls made while it runs attach to it
+        run = _FRAME.get()
+        ltoken = _LLM.set((None if run is None else run[0], ev))
     try:
         out = await coro
     except BaseException as exc:
         note_exc(hook, ev, exc)
         raise
     finally:
+        if ltoken is not None:
+            _LLM.reset(ltoken)
         if token is not None:
             _FRAME.reset(token)
     ev.duration = perf_counter() - ev.started

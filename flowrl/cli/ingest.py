@@ -1,4 +1,5 @@
-"""`flowrl ingest PATH...` and `flowrl watch PATH...`: FlowAgent checkpoints, obs files and rl_traces into the store."""
+"""`flowrl ingest PATH...` and `flowrl watch PATH...`: FlowAgent checkpoints, obs files and rl_traces, OTLP traces
+and OpenAI-format logs into the store."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from flowrl.errors import IngestError
 from flowrl.ingest.engine import LIVE_IDLE_S
 from flowrl.ingest.summary import IngestSummary
 
-PathsArgument = typer.Argument(..., help="Data dir, Agents/ dir, checkpoint dir, obs dir, rl_traces store, or files.")
+PathsArgument = typer.Argument(
+    ...,
+    help="Data dir, Agents/ dir, checkpoint dir, obs dir, rl_traces store, OTLP JSON/protobuf or OpenAI-format "
+    "JSONL files, or folders of them.",
+)
 LiveIdleOption = typer.Option(
     LIVE_IDLE_S, "--live-idle", help="Seconds a live_*.jsonl must be untouched before its run counts as interrupted."
 )
@@ -62,7 +67,8 @@ def ingest_cmd(
     store: Path | None = StoreOption,
     live_idle: float = LiveIdleOption,
 ) -> None:
-    """Read FlowAgent checkpoints (V2 and V1), obs run/live files and rl_traces JSON into the trace store."""
+    """Read FlowAgent checkpoints (V2 and V1), obs run/live files, rl_traces JSON, OpenTelemetry traces (OTLP JSON
+    lines or protobuf: gen_ai, OpenInference) and OpenAI-format chat logs into the trace store."""
     from flowrl.ingest import ingest_paths
 
     st = open_store(store)

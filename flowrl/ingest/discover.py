@@ -11,9 +11,14 @@ pickled class) |
 | `run_<id>.json` | obs run |
 | `live_<id>*.jsonl` | obs live file |
 | `*.json` inside a `YYYY-MM-DD` folder | trace (rl_traces or a flowrl store) |
+| `*.json`, `*.jsonl`, `*.ndjson` whose first bytes hold `"resourceSpans"` | OTLP JSON traces (`flowrl.ingest.otlp`) |
+| the same whose first line is a chat-completions request + response | OpenAI-format log (`flowrl.ingest.openai_logs`) |
+| `*.pb`, `*.binpb` | OTLP protobuf traces |
 
-A file named on the command line is taken whatever its name: `.pkl` is a checkpoint, `.jsonl` a live
-file, `.json` an obs run or a trace (by content). Skipped while walking: `.staging`, `.git`,
+A file named on the command line is taken whatever its name: `.pkl` is a checkpoint, `.pb`/`.binpb` OTLP
+protobuf, `.jsonl` a live file unless its first bytes are OTLP or an OpenAI log, `.json` an obs run, OTLP,
+an OpenAI log or a trace (by content). Content is sniffed only in regular files (never a FIFO or device),
+from the first 64 KiB. Skipped while walking: `.staging`, `.git`,
 `__pycache__`, `node_modules`, virtual environments, and the target store itself. A checkpoint dir
 (`Agents/checkpoint/<agent>/`) also brings in its agent's obs dir (`Agents/<agent>/obs/`) so turns can
 be joined to their runs.
@@ -23,15 +28,20 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.errors import IngestError
+from flowrl.ingest import openai_logs, otlp
 from flowrl.ingest.checkpoint import CHECKPOINT_NAME_RE
 from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
 
 CHECKPOINT, OBS, LIVE, TRACE = "checkpoint", "obs", "live", "trace"
+OTLP, OPENAI_LOG = "otlp", "openai-log"
+_SNIFFED = (".json", ".jsonl", ".ndjson")
+_PROTOBUF = (".pb", ".binpb")
 _DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _PRUNE = {
     ".staging",
@@ -56,18 +66,46 @@ class Source:
     problem: str | None = None  # why a named file cannot be read at all (reported as rejected)
 
 
+def sniff(path: Path) -> str | None:
+    """OTLP or OPENAI_LOG from a regular file's first bytes (None: neither, or it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, openai_logs.SNIFF_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if otlp.sniff(head):
+        return OTLP
+    if openai_logs.sniff(head):
+        return OPENAI_LOG
+    return None
+
+
 def classify(path: Path) -> str | None:
-    """The kind of a file found while walking, from its name (None: not ours)."""
+    """The kind of a file found while walking, from its name, and for JSON files not FlowAgent's own,
+    their first bytes (None: not ours)."""
     name = path.name
     if name.endswith(".pkl"):
         return CHECKPOINT if CHECKPOINT_NAME_RE.match(name) else None
-    if name.endswith(".jsonl"):
-        return LIVE if LIVE_FILE_RE.match(name) else None
-    if name.endswith(".json") and not name.startswith("."):
+    if name.startswith("."):
+        return None
+    if name.endswith(_PROTOBUF):
+        return OTLP
+    if name.endswith(".jsonl") and LIVE_FILE_RE.match(name):
+        return LIVE
+    if name.endswith(".json"):
         if RUN_FILE_RE.match(name):
             return OBS
         if _DATE_DIR.match(path.parent.name):
             return TRACE
+    if name.endswith(_SNIFFED) and not name.endswith(".meta.json") and name != "_index.json":
+        return sniff(path)
     return None
 
 
@@ -75,13 +113,23 @@ def classify_explicit(path: Path) -> str:
     name = path.name
     if name.endswith(".pkl"):
         return CHECKPOINT
-    if name.endswith(".jsonl"):
-        return LIVE
+    if name.endswith(_PROTOBUF):
+        return OTLP
     if name.endswith(".meta.json"):
         raise IngestError(f"{path}: a checkpoint's .meta.json sidecar holds no turns: give the .pkl next to it")
+    if name.endswith(".json") and RUN_FILE_RE.match(name):
+        return OBS
+    if name.endswith(_SNIFFED):
+        kind = sniff(path)
+        if kind is not None:
+            return kind
+    if name.endswith(".jsonl"):
+        return LIVE
     if name.endswith(".json"):
-        return OBS if RUN_FILE_RE.match(name) else TRACE
-    raise IngestError(f"{path}: not a file flowrl reads (expected .pkl, .json or .jsonl)")
+        return TRACE
+    if name.endswith(".ndjson"):
+        raise IngestError(f"{path}: neither OTLP JSON traces nor an OpenAI chat-completions log")
+    raise IngestError(f"{path}: not a file flowrl reads (expected .pkl, .json, .jsonl, or OTLP .pb/.binpb/.ndjson)")
 
 
 def _companion_obs(directory: Path) -> Path | None:

@@ -36,8 +36,10 @@ from flowrl.errors import FlowRLError, IngestError, StoreError
 from flowrl.facts import trace_facts
 from flowrl.ingest.build import from_chat, from_segment, rejoined
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
-from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, TRACE, Source, iter_sources
+from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, OPENAI_LOG, OTLP, TRACE, Source, iter_sources
 from flowrl.ingest.ids import interrupted_id, turn_id
+from flowrl.ingest.openai_logs import Parsed, read_openai_log
+from flowrl.ingest.otlp import read_otlp
 from flowrl.ingest.rl_traces import NotATrace, read_trace_file
 from flowrl.ingest.runs import RunIndex, match_segment, run_id_of, stat_sig
 from flowrl.ingest.summary import IngestSummary
@@ -116,7 +118,7 @@ class Ingestor:
         t0 = time.perf_counter()
         pending: list[Source] = []
         for src in iter_sources(paths, exclude):
-            if src.kind == TRACE:
+            if src.kind in (TRACE, OTLP, OPENAI_LOG):
                 yield from self.process([src])
             else:
                 if src.kind in (OBS, LIVE):
@@ -127,7 +129,7 @@ class Ingestor:
 
     def process(self, sources: Iterable[Source]) -> Iterator[ExecutionTrace]:
         """Ingest sources (checkpoints first, oldest first; then obs, live, traces). Problems are recorded."""
-        rank = {CHECKPOINT: 0, OBS: 1, LIVE: 2, TRACE: 3}
+        rank = {CHECKPOINT: 0, OBS: 1, LIVE: 2, TRACE: 3, OTLP: 3, OPENAI_LOG: 3}
         for src in sorted(sources, key=lambda s: (rank.get(s.kind, 4), str(s.path))):
             try:
                 yield from self.ingest_source(src)
@@ -176,6 +178,8 @@ class Ingestor:
             out = self._offer(trace.trace_id, lambda: trace)
             if out is not None:
                 yield out
+        elif src.kind in (OTLP, OPENAI_LOG):
+            yield from self._parsed(read_otlp(src.path, raw) if src.kind == OTLP else read_openai_log(src.path, raw))
         else:
             raise IngestError(f"{src.path}: not a file flowrl reads")
 
@@ -283,6 +287,20 @@ class Ingestor:
             )
             if trace is not None:
                 yield trace
+
+    # -- OTLP traces and OpenAI-format logs (flowrl.ingest.otlp, flowrl.ingest.openai_logs) ----------
+    def _parsed(self, parsed: Parsed) -> Iterator[ExecutionTrace]:
+        self.summary.files_read += 1
+        for note in parsed.notes:
+            self._note(note)
+        for reason in parsed.skipped:
+            self.summary.read += 1
+            self._skip(reason)
+        for tid, trace in parsed.traces:
+            self.summary.read += 1
+            out = self._offer(tid, lambda trace=trace: trace)  # type: ignore[misc]
+            if out is not None:
+                yield out
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _skip(self, reason: str) -> None:
