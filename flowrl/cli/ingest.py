@@ -3,8 +3,10 @@ and OpenAI-format logs into the store."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,65 @@ def watch_cmd(
     print_summary(summary, st.root, verb="watch stopped")
 
 
+def serve_otlp_cmd(
+    store: Path | None = StoreOption,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (another than localhost needs --allow-remote)."),
+    port: int = typer.Option(4318, help="Port (OTLP/HTTP's default 4318; 0 picks a free one)."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Listen on a non-local --host."),
+    pending: float = typer.Option(60.0, help="Seconds a run's spans wait for its root span before it is dropped."),
+) -> None:
+    """Receive OTLP/HTTP traces (POST /v1/traces, JSON or protobuf) and write the agent runs into the store.
+
+    Point an instrumented application at it with OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; Ctrl-C stops."""
+    from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
+
+    st = open_store(store)
+    receiver = OTLPReceiver(st, pending_s=pending)
+    server = make_server(receiver, host, port, allow_remote=allow_remote)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err_console.print(
+            f"[yellow]warning[/yellow]: listening on {host}: anyone who can reach it can write traces into {st.root}",
+            markup=True,
+            highlight=False,
+        )
+    bound_host, bound_port = server.server_address[:2]
+    address = f"http://{bound_host!s}:{bound_port}"
+    console.print(
+        f"receiving OTLP traces at {address}/v1/traces into {st.root} "
+        f"(OTEL_EXPORTER_OTLP_ENDPOINT={address}); Ctrl-C stops",
+        highlight=False,
+    )
+    sweeper = threading.Thread(target=_sweep, args=(receiver, server), daemon=True)
+    sweeper.start()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        receiver.pending_s = 0.0
+        receiver.sweep()  # what waits for a root span that never came is counted, not lost silently
+    s = receiver.stats
+    skipped = sum(s.skipped.values())
+    console.print(
+        f"received {s.requests} requests ({s.spans} spans): {s.written} traces written, "
+        f"{s.duplicates} already stored, {skipped} runs skipped, {s.bad_requests} bad requests",
+        highlight=False,
+    )
+    for reason, n in sorted(s.skipped.items()):
+        err_console.print(f"skipped {n}: {reason}", highlight=False)
+
+
+def _sweep(receiver: Any, server: Any) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            receiver.sweep()
+        except Exception as exc:  # the server goes on; the next sweep tries again
+            logging.getLogger(__name__).warning("flowrl serve-otlp: sweeping waiting spans failed: %r", exc)
+
+
 def register(app: typer.Typer) -> None:
     app.command("ingest")(ingest_cmd)
     app.command("watch")(watch_cmd)
+    app.command("serve-otlp")(serve_otlp_cmd)

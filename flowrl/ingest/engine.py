@@ -179,7 +179,9 @@ class Ingestor:
             if out is not None:
                 yield out
         elif src.kind in (OTLP, OPENAI_LOG):
-            yield from self._parsed(read_otlp(src.path, raw) if src.kind == OTLP else read_openai_log(src.path, raw))
+            yield from self.ingest_parsed(
+                read_otlp(src.path, raw) if src.kind == OTLP else read_openai_log(src.path, raw)
+            )
         else:
             raise IngestError(f"{src.path}: not a file flowrl reads")
 
@@ -289,7 +291,9 @@ class Ingestor:
                 yield trace
 
     # -- OTLP traces and OpenAI-format logs (flowrl.ingest.otlp, flowrl.ingest.openai_logs) ----------
-    def _parsed(self, parsed: Parsed) -> Iterator[ExecutionTrace]:
+    def ingest_parsed(self, parsed: Parsed) -> Iterator[ExecutionTrace]:
+        """The new traces of a reader's `Parsed` (a file, or an OTLP request): masked and de-duplicated like every
+        ingested trace; its skips and notes counted in `summary`."""
         self.summary.files_read += 1
         for note in parsed.notes:
             self._note(note)

@@ -160,7 +160,7 @@ def sniff(head: bytes) -> bool:
 def _docs(path: Path, raw: bytes) -> tuple[list[Any], int]:
     """The JSON documents of the file, and how many lines could not be read."""
     if path.suffix in (".pb", ".binpb", ".protobuf"):
-        return [_from_protobuf(path, raw)], 0
+        return [from_protobuf(path, raw)], 0
     try:
         return [orjson.loads(raw)], 0
     except orjson.JSONDecodeError:
@@ -175,7 +175,7 @@ def _docs(path: Path, raw: bytes) -> tuple[list[Any], int]:
     return docs, bad
 
 
-def _from_protobuf(path: Path, raw: bytes) -> Any:
+def from_protobuf(path: Path, raw: bytes) -> Any:
     try:
         from google.protobuf.json_format import MessageToDict
         from google.protobuf.message import DecodeError
