@@ -35,7 +35,7 @@ def _field(reader, key: str):
     return values[0] if len(values) == 1 else values
 
 
-@pytest.mark.parametrize("quant", ["f16", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("quant", ["f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
 def test_gguf_loads_back_with_matching_logits(llama_dir: Path, tmp_path: Path, quant: str) -> None:
     out = tmp_path / f"model-{quant}.gguf"
     result = GGUFExporter(quant).export(llama_dir, out)
@@ -140,7 +140,7 @@ def test_missing_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unknown_quant_is_rejected() -> None:
-    with pytest.raises(ExportError, match="f16, bf16, q8_0, q4_0"):
+    with pytest.raises(ExportError, match="f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0"):
         GGUFExporter("q4_k_m")
 
 

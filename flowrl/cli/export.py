@@ -19,7 +19,7 @@ def export(
     ),
     out: Path = typer.Option(..., "--out", help="Output folder (merged/, the .gguf file, Modelfile, export.json)."),
     format: str = typer.Option("gguf", "--format", help="gguf or safetensors."),
-    quant: str = typer.Option("q8_0", "--quant", help="f16, bf16, q8_0 or q4_0 (GGUF only)."),
+    quant: str = typer.Option("q8_0", "--quant", help="f16, bf16, q8_0, q5_1, q5_0, q4_1 or q4_0 (GGUF only)."),
     ollama: str | None = typer.Option(
         None,
         "--ollama",

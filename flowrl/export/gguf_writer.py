@@ -171,7 +171,8 @@ class GGUFExporter:
     """Write a merged Hugging Face model folder as a GGUF file.
 
     `GGUFExporter(quant="q8_0").export("merged/", "out/model-q8_0.gguf")` returns a GGUFResult.
-    `quant` is one of f16, bf16, q8_0, q4_0 (see `flowrl.export.quantize` for which tensor gets which type).
+    `quant` is one of f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0 (see `flowrl.export.quantize` for which tensor
+    gets which type).
     """
 
     def __init__(self, quant: str = "f16", *, name: str | None = None) -> None:

@@ -8,12 +8,15 @@ which the `gguf` package cannot write):
 | f16    | F16                          | F16                          | F32                 |
 | bf16   | BF16                         | BF16                         | F32                 |
 | q8_0   | Q8_0                         | Q8_0                         | F32                 |
+| q5_1   | Q5_1                         | Q8_0                         | F32                 |
+| q5_0   | Q5_0                         | Q8_0                         | F32                 |
+| q4_1   | Q4_1                         | Q8_0                         | F32                 |
 | q4_0   | Q4_0                         | Q8_0 (llama.cpp keeps these  | F32                 |
 |        |                              | at higher precision too)     |                     |
 
-Q8_0 and Q4_0 work in blocks of 32 values along a row. A matrix whose row length is not a multiple of
-32 cannot be stored that way; it falls back to F16 for that tensor alone (logged, and listed in the
-export result), which is what llama.cpp's converter does too.
+Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0 (`gguf.quants`) work in blocks of 32 values along a row. A matrix whose row
+length is not a multiple of 32 cannot be stored that way; it falls back to F16 for that tensor alone (logged, and
+listed in the export result), which is what llama.cpp's converter does too.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from flowrl.export.errors import ExportError
 
 log = logging.getLogger(__name__)
 
-QUANT_TYPES: tuple[str, ...] = ("f16", "bf16", "q8_0", "q4_0")
+QUANT_TYPES: tuple[str, ...] = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 # Names of the GGML types, so this table needs no import of `gguf` at module load.
-_MATRIX_TYPE = {"f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-_EMBEDDING_TYPE = {"f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q8_0"}
-_FILE_TYPE = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}
-_BLOCK_TYPES = {"Q8_0", "Q4_0"}
+_BLOCKS = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+_MATRIX_TYPE = {"f16": "F16", "bf16": "BF16", **{q: q.upper() for q in _BLOCKS}}
+_EMBEDDING_TYPE = {"f16": "F16", "bf16": "BF16", **{q: "Q8_0" for q in _BLOCKS}}
+_FILE_TYPE = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", **{q: f"MOSTLY_{q.upper()}" for q in _BLOCKS}}
+_BLOCK_TYPES = {q.upper() for q in _BLOCKS}
 _EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
 

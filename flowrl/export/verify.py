@@ -51,6 +51,9 @@ TOLERANCES: dict[str, Tolerance] = {
     "f16": Tolerance(max_rel_error=0.01, warn_top1_below=0.99),
     "bf16": Tolerance(max_rel_error=0.05, warn_top1_below=0.95),
     "q8_0": Tolerance(max_rel_error=0.15, warn_top1_below=0.9),
+    "q5_1": Tolerance(max_rel_error=0.5, warn_top1_below=0.85),
+    "q5_0": Tolerance(max_rel_error=0.5, warn_top1_below=0.85),
+    "q4_1": Tolerance(max_rel_error=1.0, warn_top1_below=0.75),
     "q4_0": Tolerance(max_rel_error=1.0, warn_top1_below=0.75),
 }
 
@@ -204,7 +207,8 @@ def verify_gguf(
         if check.top1_agreement < tol.warn_top1_below:
             report.warnings.append(
                 f"{prompt!r}: only {check.top1_agreement:.0%} of next-token predictions agree with the unquantised "
-                f"model under {quant}; a higher-precision type keeps more of it (q8_0 > q4_0, f16 > bf16)"
+                f"model under {quant}; a higher-precision type keeps more of it "
+                "(q8_0 > q5_1 > q5_0 > q4_1 > q4_0, f16 > bf16)"
             )
         if not check.tokens_match:
             report.warnings.append(
