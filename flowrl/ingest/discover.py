@@ -13,13 +13,15 @@ pickled class) |
 | `*.json` inside a `YYYY-MM-DD` folder | trace (rl_traces or a flowrl store) |
 | `*.json`, `*.jsonl`, `*.ndjson` whose first bytes hold `"resourceSpans"` | OTLP JSON traces (`flowrl.ingest.otlp`) |
 | the same whose first line is a chat-completions request + response | OpenAI-format log (`flowrl.ingest.openai_logs`) |
+| `*.json` holding a Langfuse ingestion batch with `score-create` events, or a scores export (`{"data": [{"traceId", \
+"name", "value", "dataType"}]}`) | Langfuse scores (`flowrl.ingest.langfuse`), recorded as host outcomes |
 | `*.pb`, `*.binpb` | OTLP protobuf traces |
 
 A file named on the command line is taken whatever its name: `.pkl` is a checkpoint, `.pb`/`.binpb` OTLP
 protobuf, `.jsonl` a live file unless its first bytes are OTLP or an OpenAI log, `.json` an obs run, OTLP,
-an OpenAI log or a trace (by content). Content is sniffed only in regular files (never a FIFO or device),
-from the first 64 KiB. Skipped while walking: `.staging`, `.git`,
-`__pycache__`, `node_modules`, virtual environments, and the target store itself. A checkpoint dir
+Langfuse scores, an OpenAI log or a trace (by content). Content is sniffed only in regular files (never a FIFO
+or device), from the first 64 KiB. Skipped while walking: `.staging`, `.git`, `__pycache__`, `node_modules`,
+virtual environments, and the target store itself. A checkpoint dir
 (`Agents/checkpoint/<agent>/`) also brings in its agent's obs dir (`Agents/<agent>/obs/`) so turns can
 be joined to their runs.
 """
@@ -34,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.errors import IngestError
-from flowrl.ingest import openai_logs, otlp
+from flowrl.ingest import langfuse, openai_logs, otlp
 from flowrl.ingest.checkpoint import CHECKPOINT_NAME_RE
 from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
 
 CHECKPOINT, OBS, LIVE, TRACE = "checkpoint", "obs", "live", "trace"
-OTLP, OPENAI_LOG = "otlp", "openai-log"
+OTLP, OPENAI_LOG, LANGFUSE = "otlp", "openai-log", "langfuse-scores"
 _SNIFFED = (".json", ".jsonl", ".ndjson")
 _PROTOBUF = (".pb", ".binpb")
 _DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -67,7 +69,7 @@ class Source:
 
 
 def sniff(path: Path) -> str | None:
-    """OTLP or OPENAI_LOG from a regular file's first bytes (None: neither, or it cannot be read)."""
+    """OTLP, LANGFUSE or OPENAI_LOG from a regular file's first bytes (None: none, or it cannot be read)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -82,6 +84,8 @@ def sniff(path: Path) -> str | None:
         os.close(fd)
     if otlp.sniff(head):
         return OTLP
+    if langfuse.sniff(head):
+        return LANGFUSE
     if openai_logs.sniff(head):
         return OPENAI_LOG
     return None

@@ -36,7 +36,7 @@ from flowrl.errors import FlowRLError, IngestError, StoreError
 from flowrl.facts import trace_facts
 from flowrl.ingest.build import from_chat, from_segment, rejoined
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
-from flowrl.ingest.discover import CHECKPOINT, LIVE, OBS, OPENAI_LOG, OTLP, TRACE, Source, iter_sources
+from flowrl.ingest.discover import CHECKPOINT, LANGFUSE, LIVE, OBS, OPENAI_LOG, OTLP, TRACE, Source, iter_sources
 from flowrl.ingest.ids import interrupted_id, turn_id
 from flowrl.ingest.openai_logs import Parsed, read_openai_log
 from flowrl.ingest.otlp import read_otlp
@@ -129,7 +129,15 @@ class Ingestor:
 
     def process(self, sources: Iterable[Source]) -> Iterator[ExecutionTrace]:
         """Ingest sources (checkpoints first, oldest first; then obs, live, traces). Problems are recorded."""
-        rank = {CHECKPOINT: 0, OBS: 1, LIVE: 2, TRACE: 3, OTLP: 3, OPENAI_LOG: 3}
+        rank = {
+            CHECKPOINT: 0,
+            OBS: 1,
+            LIVE: 2,
+            TRACE: 3,
+            OTLP: 3,
+            OPENAI_LOG: 3,
+            LANGFUSE: 5,
+        }  # scores: after their traces
         for src in sorted(sources, key=lambda s: (rank.get(s.kind, 4), str(s.path))):
             try:
                 yield from self.ingest_source(src)
@@ -182,6 +190,8 @@ class Ingestor:
             yield from self.ingest_parsed(
                 read_otlp(src.path, raw) if src.kind == OTLP else read_openai_log(src.path, raw)
             )
+        elif src.kind == LANGFUSE:
+            self._langfuse_scores(src.path, raw)
         else:
             raise IngestError(f"{src.path}: not a file flowrl reads")
 
@@ -305,6 +315,30 @@ class Ingestor:
             out = self._offer(tid, lambda trace=trace: trace)  # type: ignore[misc]
             if out is not None:
                 yield out
+
+    def _langfuse_scores(self, path: Path, raw: bytes | None) -> None:
+        """A Langfuse scores file: its scores become host outcomes of the stored runs they name (the store comes
+        with the `upgrade` callback, `StoreUpgrader`; without a store they are skipped)."""
+        from flowrl.ingest import langfuse
+
+        got = langfuse.read_scores(path, raw)
+        self.summary.files_read += 1
+        for note in got.notes:
+            self._note(note)
+        for reason in got.skipped:
+            self._skip(reason)
+        store = getattr(self._upgrade, "store", None)
+        if store is None:
+            self.summary.skip("Langfuse score not recorded: scores become host outcomes in a store", len(got.scores))
+            return
+        before = getattr(self._upgrade, "before", None)
+        if before is not None:
+            before()  # the traces read so far are on disk, where the lookup finds them
+        recorded, lost = langfuse.record_scores(store, got.scores)
+        if lost:
+            self.summary.skip(langfuse.NOT_STORED, len(lost))
+        if recorded:
+            self.summary.note("Langfuse score recorded as a host outcome (source langfuse)", recorded)
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def _skip(self, reason: str) -> None:

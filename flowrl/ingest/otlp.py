@@ -16,12 +16,16 @@ tool_call_response), `gen_ai.system_instructions` | `gen_ai.tool.definitions` | 
 `gen_ai.usage.prompt_tokens` / `completion_tokens` |
 | OpenInference | `llm.input_messages.{i}.message.*`, `llm.output_messages.{i}.message.*` | \
 `llm.tools.{i}.tool.json_schema` | `llm.model_name`, `llm.token_count.prompt` / `completion` |
+| Langfuse (SDK v3) | `langfuse.observation.input` / `.output` of a `generation` observation | the input's \
+`tools` | `langfuse.observation.model.name`, `langfuse.observation.usage_details` |
 
-One trace per agent run: each `invoke_agent` span (or OpenInference AGENT span) that is not inside another
-one; without such a span, the whole OTel trace. Its LLM spans in time order give `llm_calls`; the last one's
-input messages plus its output message are the trace's `messages` (what the model saw); tool spans
-(`execute_tool`, OpenInference TOOL) add durations and errors to the tool calls, joined by call id (else
-tool name). `gen_ai.evaluation.result` events (and `gen_ai.evaluation.*` attributes) become `rewards`.
+One trace per agent run: each `invoke_agent` span (or OpenInference AGENT span, or Langfuse `agent`
+observation) that is not inside another one; without such a span, the whole OTel trace. Its LLM spans in time
+order give `llm_calls`; the last one's input messages plus its output message are the trace's `messages` (what
+the model saw); tool spans (`execute_tool`, OpenInference TOOL, Langfuse `tool`) add durations and errors to the
+tool calls, joined by call id (else tool name). `gen_ai.evaluation.result` events (and `gen_ai.evaluation.*`
+attributes) become `rewards`; Langfuse scores, which do not travel with the spans, become host outcomes
+(`flowrl.ingest.langfuse`).
 A trace whose root span is not in the file yet (a file still being written) is skipped; the next read
 takes it. Trace ids: `sha256("otlp-run/1", otel trace id, run span id)`, so re-ingesting adds nothing.
 """
@@ -40,6 +44,7 @@ from typing import Any
 import orjson
 
 from flowrl.errors import IngestError
+from flowrl.ingest import langfuse
 from flowrl.ingest.openai_logs import Parsed, chat_trace, chat_trace_id
 from flowrl.ingest.times import epoch_time
 from flowrl.ingest.unpickler import read_bytes
@@ -75,6 +80,10 @@ class Span:
     @property
     def oi_kind(self) -> str:
         return str(self.attrs.get("openinference.span.kind") or "").upper()
+
+    @property
+    def lf_kind(self) -> str:
+        return langfuse.kind(self.attrs)
 
     @property
     def duration_ms(self) -> float | None:
@@ -131,6 +140,7 @@ def spans_of(doc: Any) -> list[Span]:
                 if not isinstance(s, dict):
                     continue
                 status = s.get("status") or {}
+                attrs = attributes(s.get("attributes"))
                 events = [
                     (str(e.get("name") or ""), attributes(e.get("attributes")))
                     for e in s.get("events") or []
@@ -144,9 +154,10 @@ def spans_of(doc: Any) -> list[Span]:
                         name=str(s.get("name") or ""),
                         start=int(s.get("startTimeUnixNano") or s.get("start_time_unix_nano") or 0),
                         end=int(s.get("endTimeUnixNano") or s.get("end_time_unix_nano") or 0),
-                        attrs=attributes(s.get("attributes")),
+                        attrs=attrs,
                         events=events,
-                        error=(str(status.get("message") or "error") if status.get("code") in _STATUS_ERROR else None),
+                        error=(str(status.get("message") or "error") if status.get("code") in _STATUS_ERROR else None)
+                        or langfuse.error(attrs),
                         resource=resource,
                     )
                 )
@@ -401,6 +412,9 @@ def llm_span(span: Span) -> LLMSpan | None:
         convention = "gen_ai-flat"
         inputs = _flat_messages(a, "gen_ai.prompt.", False)
         outputs = _flat_messages(a, "gen_ai.completion.", False)
+    elif span.lf_kind == "generation":
+        convention = "langfuse"
+        inputs, outputs, lf_tools = langfuse.generation(a)
     elif any(name in _EVENT_ROLES or name == "gen_ai.choice" for name, _ in span.events):
         convention = "gen_ai-events"
         inputs, outputs = _event_messages(span)
@@ -410,17 +424,26 @@ def llm_span(span: Span) -> LLMSpan | None:
     else:
         return None
     output = outputs[0] if outputs else None
-    model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model") or a.get("llm.model_name")
+    model = (
+        a.get("gen_ai.response.model")
+        or a.get("gen_ai.request.model")
+        or a.get("llm.model_name")
+        or a.get("langfuse.observation.model.name")
+    )
+    lf_in, lf_out = langfuse.usage(a)
+    tokens_in = _int(a, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+    tokens_out = _int(a, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion")
     call = LLMCall(
         model=str(model) if model else None,
-        tokens_in=_int(a, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
-        tokens_out=_int(
-            a, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"
-        ),
+        tokens_in=tokens_in if tokens_in is not None else lf_in,
+        tokens_out=tokens_out if tokens_out is not None else lf_out,
         latency_ms=span.duration_ms,
         output=(content_text(output.get("content")) or None) if output else None,
     )
-    return LLMSpan(span, convention, inputs, output, _tools(a), call)
+    tools = _tools(a)
+    if convention == "langfuse" and not tools:
+        tools = lf_tools
+    return LLMSpan(span, convention, inputs, output, tools, call)
 
 
 def _int(attrs: dict[str, Any], *keys: str) -> int | None:
@@ -439,7 +462,7 @@ def _int(attrs: dict[str, Any], *keys: str) -> int | None:
 
 
 def _is_run(span: Span) -> bool:
-    return span.op == "invoke_agent" or span.oi_kind == "AGENT"
+    return span.op == "invoke_agent" or span.oi_kind == "AGENT" or span.lf_kind == "agent"
 
 
 def _walk(span: Span) -> list[Span]:
@@ -471,14 +494,16 @@ def _tool_spans(spans: list[Span]) -> dict[str, dict[str, Any]]:
     """What tool spans add to the tool calls, by call id and by tool name (the first span of a name)."""
     out: dict[str, dict[str, Any]] = {}
     for s in sorted(spans, key=lambda s: s.start):
-        if s.op != "execute_tool" and s.oi_kind != "TOOL":
+        if s.op != "execute_tool" and s.oi_kind != "TOOL" and s.lf_kind != "tool":
             continue
         name = s.attrs.get("gen_ai.tool.name") or s.attrs.get("tool.name") or s.name
         info = {
             "duration_ms": s.duration_ms,
             "timestamp": epoch_time(s.start / 1e9) or "",
             "error": s.error,
-            "result": s.attrs.get("gen_ai.tool.call.result") or s.attrs.get("output.value"),
+            "result": s.attrs.get("gen_ai.tool.call.result")
+            or s.attrs.get("output.value")
+            or s.attrs.get(langfuse.OUTPUT),
         }
         call_id = s.attrs.get("gen_ai.tool.call.id") or s.attrs.get("tool_call.id")
         if call_id:
@@ -505,17 +530,14 @@ def _run_trace(run: Span, spans: list[Span], file: str) -> tuple[str, ExecutionT
             tools[str((t.get("function") or t).get("name"))] = t
     tid = chat_trace_id("otlp-run/1", run.trace_id, run.span_id)
     a = {**run.resource, **run.attrs}
-    session = a.get("gen_ai.conversation.id") or a.get("session.id")
-    if not session:
-        session = next(
-            (
-                s.attrs.get("gen_ai.conversation.id") or s.attrs.get("session.id")
-                for s in spans
-                if s.attrs.get("gen_ai.conversation.id") or s.attrs.get("session.id")
-            ),
-            None,
-        )
-    agent = a.get("gen_ai.agent.name") or run.resource.get("service.name")
+    session = _first(a, spans, "gen_ai.conversation.id", "session.id", "langfuse.session.id")
+    user = _first(a, spans, "user.id", "langfuse.user.id") if any(s.lf_kind for s in spans) else None
+    agent = (
+        a.get("gen_ai.agent.name")
+        or (run.name if run.lf_kind == "agent" else None)
+        or _first(a, spans, "langfuse.trace.name")
+        or run.resource.get("service.name")
+    )
     error = run.error or next((c.span.error for c in calls if c.span.error), None)
     trace = chat_trace(
         trace_id=tid,
@@ -538,11 +560,21 @@ def _run_trace(run: Span, spans: list[Span], file: str) -> tuple[str, ExecutionT
                 "span_id": run.span_id,
                 "span": run.name,
                 "convention": sorted({c.convention for c in calls}),
+                **({"user_id": str(user)} if user else {}),
                 **({"error": error} if error else {}),
             }
         },
     )
     return tid, trace
+
+
+def _first(attrs: dict[str, Any], spans: list[Span], *keys: str) -> Any:
+    """The first of `keys` set on the run span (`attrs`), else on any of its spans."""
+    for where in (attrs, *(s.attrs for s in spans)):
+        for key in keys:
+            if where.get(key):
+                return where[key]
+    return None
 
 
 def traces_from_spans(spans: list[Span], file: str, parsed: Parsed) -> None:

@@ -13,6 +13,13 @@ root span last), so spans wait here, per OTel trace, until the trace's root span
 never comes is dropped after `pending_s` seconds without a new span, counted as skipped. Every trace is masked
 (`Redactor`) and de-duplicated like an ingested one (`Ingestor`: the same run sent twice is stored once).
 
+Langfuse: `POST /api/public/otel/v1/traces` is the same as `/v1/traces` (where the Langfuse SDK v3 exports its
+observations), and `POST /api/public/ingestion` takes the SDK's score batches (JSON `{"batch": [{"type":
+"score-create", ...}]}`), answered as Langfuse does (207 with a status per event). A score becomes a host outcome
+of the run of its OTel trace (`flowrl.ingest.langfuse`): of a run received here or already in the store, or of one
+whose spans are still waiting (the score waits with them, and is dropped and counted with them). So an
+application with `LANGFUSE_HOST=http://127.0.0.1:4318` (any keys) delivers its runs and their scores here.
+
 The server binds 127.0.0.1 unless told otherwise; another address is refused without `allow_remote`.
 """
 
@@ -32,6 +39,7 @@ from typing import Any
 import orjson
 
 from flowrl.errors import ConfigError, FlowRLError, IngestError
+from flowrl.ingest import langfuse
 from flowrl.ingest.engine import Ingestor
 from flowrl.ingest.openai_logs import Parsed
 from flowrl.ingest.otlp import Span, from_protobuf, spans_of, traces_from_spans
@@ -43,6 +51,9 @@ DEFAULT_PORT = 4318  # OTLP/HTTP's
 MAX_BODY = 64 * 1024 * 1024
 PENDING_S = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+TRACE_PATHS = ("/v1/traces", "/api/public/otel/v1/traces")
+INGESTION_PATH = "/api/public/ingestion"
+_RUNS_KEPT = 10_000  # OTel trace id -> runs, for the scores that come after their trace
 
 
 @dataclass
@@ -52,6 +63,7 @@ class ReceiverStats:
     spans: int = 0
     written: int = 0
     duplicates: int = 0
+    scores: int = 0  # Langfuse scores recorded as host outcomes
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, reason: str) -> None:
@@ -74,6 +86,8 @@ class OTLPReceiver:
         self.stats = ReceiverStats()
         self._engine = Ingestor(exists=store.exists, redactor=redactor)
         self._waiting: dict[str, tuple[float, list[Span]]] = {}
+        self._scores: dict[str, tuple[float, list[langfuse.Score]]] = {}  # scores waiting for their trace
+        self._runs: dict[str, list[tuple[str, str]]] = {}  # OTel trace id -> runs received here
         self._lock = threading.Lock()
         self._clock = clock
 
@@ -111,12 +125,64 @@ class OTLPReceiver:
         for batch in batches:
             self._store(batch)
 
+    def receive_scores(self, body: bytes, encoding: str = "") -> list[str]:
+        """One Langfuse ingestion batch: its scores recorded (or waiting for their trace). Returns the ids of the
+        events read. IngestError (a 400) when the body is not an ingestion batch."""
+        if encoding.strip().lower() == "gzip":
+            try:
+                body = gzip.decompress(body)
+            except (OSError, EOFError) as exc:
+                raise IngestError(f"a gzip body that does not decompress ({exc})") from exc
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise IngestError(f"a body that is not JSON ({exc})") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("batch"), list):
+            raise IngestError('a JSON body that is not a Langfuse ingestion batch ({"batch": [...]})')
+        got = langfuse.scores_of(doc)
+        with self._lock:
+            self.stats.requests += 1
+            for reason in [*got.skipped, *got.notes]:
+                self.stats.skip(reason)
+            unknown = {s.trace_id for s in got.scores if s.trace_id not in self._runs}
+            unknown -= set(self._waiting)  # their spans are here, waiting for the root: the scores wait too
+        found = langfuse.store_runs(self.store)(unknown) if unknown else {}
+        with self._lock:
+            for tid, runs in found.items():
+                self._remember(tid, runs)
+            known = {s.trace_id: self._runs[s.trace_id] for s in got.scores if s.trace_id in self._runs}
+            per, lost = langfuse.outcomes_for(got.scores, known)
+            now = self._clock()
+            for s in lost:
+                self._scores.setdefault(s.trace_id, (now, []))[1].append(s)
+        self._record(per)
+        return got.event_ids
+
+    def _remember(self, otel_id: str, runs: list[tuple[str, str]]) -> None:
+        known = self._runs.setdefault(otel_id, [])
+        known.extend(r for r in runs if r not in known)
+        while len(self._runs) > _RUNS_KEPT:  # the oldest first (dicts keep insertion order)
+            self._runs.pop(next(iter(self._runs)))
+
+    def _record(self, per: dict[str, list[langfuse.Score]]) -> None:
+        if per:
+            n = langfuse.record(self.store, per)
+            with self._lock:
+                self.stats.scores += n
+
     def sweep(self) -> None:
-        """Give up on traces whose root span did not come within `pending_s` (counted as skipped)."""
+        """Give up on traces whose root span did not come within `pending_s`, and on scores whose trace did not
+        come (counted as skipped)."""
         with self._lock:
             now = self._clock()
             stale = [t for t, (seen, _) in self._waiting.items() if now - seen > self.pending_s]
             batches = [self._waiting.pop(t)[1] for t in stale]
+            lost = [
+                t for t, (seen, _) in self._scores.items() if now - seen > self.pending_s and t not in self._waiting
+            ]
+            for t in lost:
+                for _ in self._scores.pop(t)[1]:
+                    self.stats.skip(langfuse.NOT_STORED)
         for batch in batches:
             self._store(batch)
 
@@ -134,6 +200,20 @@ class OTLPReceiver:
         for trace in fresh:
             self.store.write(trace)
             self.stats.written += 1
+        with self._lock:
+            otel_ids = set()
+            for tid, trace in parsed.traces:
+                meta = trace.metadata.get("otlp") or {}
+                otel_ids.add(str(meta.get("trace_id")))
+                self._remember(str(meta.get("trace_id")), [(tid, str(meta.get("span_id") or ""))])
+            scores = [s for t in otel_ids if t in self._scores for s in self._scores.pop(t)[1]]
+            runs = {t: self._runs[t] for t in otel_ids if t in self._runs}
+        if scores:
+            per, lost = langfuse.outcomes_for(scores, runs)
+            self._record(per)
+            with self._lock:
+                for _ in lost:
+                    self.stats.skip(langfuse.NOT_STORED)
 
 
 def make_server(
@@ -150,8 +230,13 @@ def make_server(
         server_version = "flowrl-otlp"
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            if self.path.split("?")[0].rstrip("/") != "/v1/traces":
-                self._reply(HTTPStatus.NOT_FOUND, b"only POST /v1/traces is served here", "text/plain")
+            path = self.path.split("?")[0].rstrip("/")
+            if path not in (*TRACE_PATHS, INGESTION_PATH):
+                self._reply(
+                    HTTPStatus.NOT_FOUND,
+                    b"only POST /v1/traces (or /api/public/otel/v1/traces) and /api/public/ingestion are served here",
+                    "text/plain",
+                )
                 return
             ctype = self.headers.get("Content-Type", "application/json")
             if ctype.split(";")[0].strip().lower() not in ("application/json", "application/x-protobuf"):
@@ -167,8 +252,12 @@ def make_server(
                 self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, b"body too large or without a length", "text/plain")
                 return
             body = self.rfile.read(length)
+            event_ids: list[str] = []
             try:
-                receiver.receive(body, ctype, self.headers.get("Content-Encoding", ""))
+                if path == INGESTION_PATH:
+                    event_ids = receiver.receive_scores(body, self.headers.get("Content-Encoding", ""))
+                else:
+                    receiver.receive(body, ctype, self.headers.get("Content-Encoding", ""))
             except FlowRLError as exc:
                 with receiver._lock:
                     receiver.stats.bad_requests += 1
@@ -178,6 +267,10 @@ def make_server(
             except Exception as exc:  # flowrl's own failure: the exporter retries, the server goes on
                 log.warning("flowrl serve-otlp: a request failed: %r", exc, exc_info=True)
                 self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"flowrl failed on this request", "text/plain")
+                return
+            if path == INGESTION_PATH:  # what Langfuse answers, and its SDK reads: a status per event
+                ok = [{"id": i, "status": 201} for i in event_ids]
+                self._reply(HTTPStatus.MULTI_STATUS, orjson.dumps({"successes": ok, "errors": []}), "application/json")
                 return
             protobuf = ctype.startswith("application/x-protobuf")
             self._reply(HTTPStatus.OK, b"" if protobuf else b"{}", ctype.split(";")[0])
