@@ -317,8 +317,8 @@ class Hook:
         _patch.register(agent, self, self._agent_gone)
 
     def _install_clients(self, clients: tuple[str, ...]) -> None:
-        """Patch the LLM client libraries (`openai_client`, process-wide, reference-counted). A failure is
-        counted and logged: the agent's own methods are still captured."""
+        """Patch the LLM client libraries (`openai_client`, `litellm_client`; process-wide, reference-counted). A
+        failure is counted and logged: the agent's own methods are still captured."""
         if not clients:
             return
         from flowrl.capture import openai_client
@@ -399,8 +399,10 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     `source` (the traces' `source`, default "live"; online training rollouts use "train"), `on_trace`
     (callable given each trace once it is written, on the writer thread; what it raises is caught,
     counted in `stats.errors` and logged, never raised into the agent), `llm_clients` ("auto", the
-    default: the OpenAI SDK when it is importable; ["openai"]; [] for none: the client calls made inside
-    the agent's runs are recorded as its LLM calls, with what the model saw as the trace's `messages`).
+    default: the OpenAI SDK and LiteLLM, each when it is importable; ["openai"], ["litellm"]; [] for none: the
+    client calls made inside the agent's runs are recorded as its LLM calls, with what the model saw as the
+    trace's `messages`; LiteLLM is never imported by flowrl: patched now when the host has imported it, else
+    as soon as the host imports it).
 
     Every hook on one store shares the process's one collector for it (one writer thread and its I/O
     threads). Hooking an agent that is already hooked returns its existing Hook when the store and the

@@ -31,6 +31,8 @@ import importlib.util
 import inspect
 import json
 from collections.abc import Callable, Mapping
+from functools import partial
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture import _patch
@@ -45,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CHAT = "openai.chat"
 RESPONSES = "openai.responses"
-CLIENTS = ("openai",)  # what `llm_clients` may name
+CLIENTS = ("openai", "litellm")  # what `llm_clients` may name (LiteLLM: `litellm_client.py`)
 
 _LOCK = _patch._LOCK  # one lock for every class patch of the process
 # client -> the hooks that use its patch; `_HOOKS_OF[client]` is a tuple, replaced (never changed) under _LOCK
@@ -88,7 +90,33 @@ def _openai_targets() -> list[tuple[type, str, str, bool]]:
     return targets
 
 
-_TARGETS: dict[str, Callable[[], list[tuple[type, str, str, bool]]]] = {"openai": _openai_targets}
+Target = tuple[Any, str, Callable[[list[bool]], Callable[..., Any]]]  # (owner, attribute, handler(live))
+
+
+def _openai_patches() -> list[Target]:
+    return [
+        (owner, attr, partial(_async_handler if is_async else _sync_handler, api))
+        for owner, attr, api, is_async in _openai_targets()
+    ]
+
+
+def _litellm_patches() -> list[Target]:
+    import flowrl.capture.litellm_client as litellm_client
+
+    return litellm_client.targets()
+
+
+def _litellm_lazy() -> Any:
+    import flowrl.capture.litellm_client as litellm_client
+
+    return litellm_client.LAZY
+
+
+# client -> what to patch (only called once the client library is imported)
+_TARGETS: dict[str, Callable[[], list[Target]]] = {"openai": _openai_patches, "litellm": _litellm_patches}
+# client -> its lazy patching (`ready()`: imported now; `arm()`/`disarm()`: patch it once it is imported). A client
+# listed here is never imported by flowrl: a slow import (LiteLLM's) is the host's to make
+_LAZY: dict[str, Callable[[], Any]] = {"litellm": _litellm_lazy}
 
 
 # -- patching, reference-counted per client -----------------------------------------------------
@@ -96,20 +124,44 @@ _TARGETS: dict[str, Callable[[], list[tuple[type, str, str, bool]]]] = {"openai"
 
 def acquire(hook: Hook, clients: tuple[str, ...]) -> list[str]:
     """Patch each client's SDK classes (once per process) for `hook`; returns what is patched
-    ("openai.Completions.create", ...). Raises ImportError when a client cannot be imported."""
+    ("openai.Completions.create", ...). Raises ImportError when a client cannot be imported. A lazy client
+    (`_LAZY`: LiteLLM) not imported yet is patched when the host imports it ("litellm (once imported)")."""
     names: list[str] = []
     with _LOCK:
         for client in clients:
             users = _HOOKS_OF.get(client, ())
             if hook in users:
                 continue
+            lazy = _LAZY[client]() if client in _LAZY else None
             if client not in _PATCHED:
+                if lazy is not None and not lazy.ready():
+                    lazy.arm()
+                    _HOOKS_OF[client] = (*users, hook)
+                    names.append(f"{client} (once imported)")
+                    continue
                 _PATCHED[client] = _install(client)
             _HOOKS_OF[client] = (*users, hook)
-            names += [
-                f"{owner.__module__.split('.')[0]}.{owner.__name__}.{attr}" for owner, attr, _ in _PATCHED[client]
-            ]
+            names += [_name(owner, attr) for owner, attr, _ in _PATCHED[client]]
     return names
+
+
+def _name(owner: Any, attr: str) -> str:
+    if isinstance(owner, ModuleType):
+        return f"{owner.__name__}.{attr}"
+    return f"{owner.__module__.split('.')[0]}.{owner.__name__}.{attr}"
+
+
+def install_waiting(client: str) -> None:
+    """A lazy client was just imported: patch it for the hooks waiting for it. Never raises."""
+    with _LOCK:
+        users = _HOOKS_OF.get(client, ())
+        if not users or client in _PATCHED:
+            return
+        try:
+            _PATCHED[client] = _install(client)
+        except Exception as exc:
+            for hook in users:
+                hook.fail(f"patching {client}", exc)
 
 
 def release(hook: Hook) -> None:
@@ -123,6 +175,11 @@ def release(hook: Hook) -> None:
                 _HOOKS_OF[client] = left
                 continue
             del _HOOKS_OF[client]
+            if client in _LAZY:
+                try:
+                    _LAZY[client]().disarm()
+                except Exception:  # pragma: no cover - defensive: disarm does not raise
+                    pass
             for owner, attr, wrapper in _PATCHED.pop(client, ()):
                 _restore(owner, attr, wrapper)
 
@@ -135,11 +192,10 @@ def patched(client: str = "openai") -> bool:
 def _install(client: str) -> list[tuple[type, str, Any]]:
     done: list[tuple[type, str, Any]] = []
     try:
-        for owner, attr, api, is_async in _TARGETS[client]():
+        for owner, attr, make in _TARGETS[client]():
             original = vars(owner)[attr]
             live = [True]
-            handler = _async_handler(api, live) if is_async else _sync_handler(api, live)
-            wrapper = _patch._ClassWrapper(original, handler, owner, live)
+            wrapper = _patch._ClassWrapper(original, make(live), owner, live)
             setattr(owner, attr, wrapper)
             done.append((owner, attr, wrapper))
     except BaseException:
@@ -167,9 +223,24 @@ def _restore(owner: type, attr: str, wrapper: Any) -> None:
 # -- the host's side: one event per call ---------------------------------------------------------
 
 
-def _unattributed() -> None:
-    for hook in _HOOKS_OF.get("openai", ()):
+def unattributed(client: str = "openai") -> None:
+    """A client call outside any captured run: counted by every hook that has this client patched."""
+    for hook in _HOOKS_OF.get(client, ()):
         hook.unattributed()
+
+
+def attach(rec: RunRecord, ev: LLMEvent) -> LLMEvent | None:
+    """Add a client call's event to run `rec`, or, made while a hooked LLM method of the same run is open
+    (`recorder.current_llm`), attach it to that method's event: one LLM call, not two."""
+    open_llm = current_llm()
+    if open_llm is not None and open_llm[0] is rec and open_llm[1].duration is None:
+        parent = open_llm[1]
+        if parent.inner is None:
+            parent.inner = [ev]
+        else:
+            parent.inner.append(ev)
+        return ev
+    return ev if rec.add(ev) else None
 
 
 def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
@@ -188,15 +259,7 @@ def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
         perf_counter(), kwargs, kwargs.get("model"), stream, None, None, None, None, None, None, api, request,
         [] if stream else None,
     )  # fmt: skip
-    open_llm = current_llm()
-    if open_llm is not None and open_llm[0] is rec and open_llm[1].duration is None:
-        parent = open_llm[1]  # the hooked LLM method this call is made in: one LLM call, not two
-        if parent.inner is None:
-            parent.inner = [ev]
-        else:
-            parent.inner.append(ev)
-        return ev
-    return ev if rec.add(ev) else None
+    return attach(rec, ev)
 
 
 def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
@@ -205,7 +268,7 @@ def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
             return wrapped(*args, **kwargs)
         frame = current_frame()
         if frame is None:
-            _unattributed()
+            unattributed()
             return wrapped(*args, **kwargs)
         rec = frame[0]
         try:
@@ -235,7 +298,7 @@ def _async_handler(api: str, live: list[bool]) -> Callable[..., Any]:
             return wrapped(*args, **kwargs)
         frame = current_frame()
         if frame is None:
-            _unattributed()
+            unattributed()
             return wrapped(*args, **kwargs)
         rec = frame[0]
         try:
@@ -565,7 +628,7 @@ def call_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
                 for c in calls
             ]
     request = ev.request
-    if isinstance(request, (list, tuple)) and ev.api == CHAT:
+    if isinstance(request, (list, tuple)) and ev.api != RESPONSES:  # a chat request: the SDK's or LiteLLM's
         entry["prompt_messages"] = len(request)
     if ev.error:
         entry["error"] = v.text(ev.error)
@@ -624,10 +687,12 @@ __all__ = [
     "CLIENTS",
     "RESPONSES",
     "acquire",
+    "attach",
     "auto_clients",
     "call_entry",
     "client_events",
     "importable",
+    "install_waiting",
     "merged_entry",
     "patched",
     "release",
@@ -635,4 +700,5 @@ __all__ = [
     "responses_messages",
     "seen_messages",
     "tools_of",
+    "unattributed",
 ]
