@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # capture
     "hook_into_agent": "flowrl.capture",
+    "capture_llm_calls": "flowrl.capture.grouping",
+    "CallCapture": "flowrl.capture.grouping",
     "Hook": "flowrl.capture",
     "TraceCollector": "flowrl.capture",
     "current_run": "flowrl.capture.run_handle",

@@ -195,7 +195,10 @@ def _begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[RunRecord, LL
     frame = current_frame()
     if frame is None:
         oc.unattributed(CLIENT)
-        return None
+        if oc._GROUPER is None:
+            return None
+        merged = {**dict(zip(_POSITIONAL, args)), **kwargs} if args else kwargs
+        return oc._GROUPER.begin(CHAT, merged, lambda rec: record(rec, args, kwargs))
     rec = frame[0]
     try:
         ev = record(rec, args, kwargs)

@@ -54,6 +54,8 @@ _LOCK = _patch._LOCK  # one lock for every class patch of the process
 _HOOKS_OF: dict[str, tuple[Any, ...]] = {}
 # client -> [(owner, attribute, wrapper)] while patched
 _PATCHED: dict[str, list[tuple[type, str, Any]]] = {}
+# the `grouping.CallCapture` that records the calls made outside any captured run, while one is active
+_GROUPER: Any = None
 
 
 # -- which clients ------------------------------------------------------------------------------
@@ -262,6 +264,21 @@ def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
     return attach(rec, ev)
 
 
+def set_grouper(grouper: Any) -> None:
+    """The handle that groups the calls made outside any captured run (`grouping.CallCapture`), or None."""
+    global _GROUPER
+    _GROUPER = grouper
+
+
+def _grouped(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
+    """A call outside any captured run: its conversation's run and its event when calls are being grouped
+    (`grouping.capture_llm_calls`), else None (not recorded). Never raises."""
+    grouper = _GROUPER
+    if grouper is None:
+        return None
+    return grouper.begin(api, kwargs, lambda rec: record(rec, api, kwargs))
+
+
 def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not live[0]:
@@ -269,15 +286,20 @@ def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
         frame = current_frame()
         if frame is None:
             unattributed()
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
-        try:
-            ev = record(rec, api, kwargs)
-        except Exception as exc:
-            rec.hook.fail(f"{api}: recording a call", exc)
-            ev = None
-        if ev is None:
-            return wrapped(*args, **kwargs)
+            begun = _grouped(api, kwargs)
+            if begun is None:
+                return wrapped(*args, **kwargs)
+            rec, ev = begun
+        else:
+            rec = frame[0]
+            try:
+                got = record(rec, api, kwargs)
+            except Exception as exc:
+                rec.hook.fail(f"{api}: recording a call", exc)
+                got = None
+            if got is None:
+                return wrapped(*args, **kwargs)
+            ev = got
         try:
             out = wrapped(*args, **kwargs)
         except BaseException as exc:
@@ -299,15 +321,20 @@ def _async_handler(api: str, live: list[bool]) -> Callable[..., Any]:
         frame = current_frame()
         if frame is None:
             unattributed()
-            return wrapped(*args, **kwargs)
-        rec = frame[0]
-        try:
-            ev = record(rec, api, kwargs)
-        except Exception as exc:
-            rec.hook.fail(f"{api}: recording a call", exc)
-            ev = None
-        if ev is None:
-            return wrapped(*args, **kwargs)
+            begun = _grouped(api, kwargs)
+            if begun is None:
+                return wrapped(*args, **kwargs)
+            rec, ev = begun
+        else:
+            rec = frame[0]
+            try:
+                got = record(rec, api, kwargs)
+            except Exception as exc:
+                rec.hook.fail(f"{api}: recording a call", exc)
+                got = None
+            if got is None:
+                return wrapped(*args, **kwargs)
+            ev = got
         try:
             coro = wrapped(*args, **kwargs)  # the SDK checks its arguments here, before any await
         except BaseException as exc:
@@ -699,6 +726,7 @@ __all__ = [
     "request_messages",
     "responses_messages",
     "seen_messages",
+    "set_grouper",
     "tools_of",
     "unattributed",
 ]
