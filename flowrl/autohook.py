@@ -12,6 +12,9 @@ Environment:
 - `FLOWRL_STORE`: the trace store folder (default: `TraceStore.default()`).
 - `FLOWRL_AUTOHOOK_RUN_METHODS`, `FLOWRL_AUTOHOOK_TOOL_METHODS`: comma-separated method names, for a
   class that is not a FlowAgent (passed to `hook_into_agent` as `run_methods` / `tool_methods`).
+- `FLOWRL_AUTOHOOK_LLM_CALLS` (default `1`): once the program imports `openai` (LiteLLM imports it too), its
+  LLM client calls made outside any hooked agent's run are recorded, one trace per conversation
+  (`flowrl.capture_llm_calls`); `0` turns that off. The handle is `autohook.llm_calls`.
 
 Start a program with it: `flowrl-instrument python app.py` (sets both variables for you), or
 `PYTHONPATH=$(python -m flowrl.autohook --path):$PYTHONPATH FLOWRL_AUTOHOOK=1 python app.py`.
@@ -34,6 +37,7 @@ _installed: set[str] = set()
 # the Hook handles created, so a host can flush or unhook them; held weakly: a hook that was unhooked,
 # or whose agent was garbage-collected, drops out once nothing else refers to it
 hooks: weakref.WeakSet[Any] = weakref.WeakSet()
+llm_calls: Any = None  # the `capture_llm_calls` handle, once the program imported openai
 
 
 def enabled() -> bool:
@@ -87,9 +91,26 @@ def _patch_class(module: Any, cls_name: str) -> None:
     wrapt.wrap_function_wrapper(cls, "__init__", init_wrapper)
 
 
+def _capture_llm_calls(module: Any) -> None:
+    """The program imported openai: record its client calls made outside hooked runs. Never raises."""
+    global llm_calls
+    if llm_calls is not None:
+        return
+    try:
+        from flowrl.capture.grouping import capture_llm_calls
+
+        llm_calls = capture_llm_calls(os.environ.get("FLOWRL_STORE") or None)
+    except Exception:
+        log.warning("flowrl autohook: could not record the LLM client calls; they run unrecorded", exc_info=True)
+
+
 def install() -> list[str]:
     """Register the post-import hooks (idempotent). Returns the targets now watched."""
     import wrapt
+
+    if os.environ.get("FLOWRL_AUTOHOOK_LLM_CALLS", "1") != "0" and "openai:llm_calls" not in _installed:
+        _installed.add("openai:llm_calls")
+        wrapt.register_post_import_hook(_capture_llm_calls, "openai")
 
     for module_name, cls_name in _targets():
         key = f"{module_name}:{cls_name}"

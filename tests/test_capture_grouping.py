@@ -247,3 +247,34 @@ client.chat.completions.create(model="m", messages=[{{"role": "user", "content":
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     (trace,) = stored(tmp_path)
     assert trace["user_query"] == "at exit" and trace["metadata"]["grouped"] == GROUPED
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_flowrl_instrument_records_a_plain_scripts_calls(tmp_path, server, switch) -> None:
+    """Under `flowrl-instrument` (FLOWRL_AUTOHOOK=1 and its site dir) a script that only uses the SDK gets traces;
+    FLOWRL_AUTOHOOK_LLM_CALLS=0 turns that off."""
+    import os
+    import subprocess
+    import sys
+
+    from flowrl.autohook import SITE_DIR
+
+    script = f"""
+import openai
+client = openai.OpenAI(base_url={server.url!r}, api_key="sk-test-not-a-real-key", max_retries=0)
+client.chat.completions.create(model="m", messages=[{{"role": "user", "content": "instrumented"}}])
+"""
+    env = {
+        **os.environ,
+        "FLOWRL_AUTOHOOK": "1",
+        "FLOWRL_STORE": str(tmp_path),
+        "FLOWRL_AUTOHOOK_LLM_CALLS": switch,
+        "PYTHONPATH": os.pathsep.join([str(SITE_DIR), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, env=env)
+    traces = stored(tmp_path)
+    if switch == "0":
+        assert traces == []
+    else:
+        (trace,) = traces
+        assert trace["user_query"] == "instrumented" and trace["metadata"]["grouped"] == GROUPED
