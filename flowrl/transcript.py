@@ -368,7 +368,83 @@ def synthesize_tools(messages: Iterable[Any]) -> list[dict[str, Any]] | None:
     return list(tools.values()) or None
 
 
+# ---------------------------------------------------------------------------------------------
+# the OpenAI Responses API's items
+
+
+def _part_text(content: Any) -> Any:
+    """Responses content parts as chat content: their text joined when every part is text, else kept."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for part in content:
+            text = field_of(part, "text")
+            if not isinstance(text, str):
+                return [_as_dict(p) for p in content]
+            texts.append(text)
+        return "".join(texts)
+    return content
+
+
+def _as_dict(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            return dump(mode="json", exclude_none=True)
+        except Exception:
+            return value
+    return value
+
+
+def responses_messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
+    """An OpenAI Responses API request (`instructions`, `input`) or response (`output` items) as chat messages:
+    `instructions` a system message, `function_call` items an assistant's tool calls, `function_call_output` items
+    tool messages, message items by their role; reasoning and built-in tool items are left out."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
+        return messages
+    if not isinstance(items, (list, tuple)):
+        return messages
+    for item in items:
+        kind = field_of(item, "type")
+        if kind == "function_call":
+            call = {
+                "id": field_of(item, "call_id"),
+                "type": "function",
+                "function": {"name": field_of(item, "name"), "arguments": field_of(item, "arguments")},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last.get("role") == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = field_of(item, "output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": field_of(item, "call_id"),
+                    "content": output if isinstance(output, str) else content_text(_part_text(output)),
+                }
+            )
+        elif kind in (None, "message") and isinstance(field_of(item, "role"), str):
+            role = field_of(item, "role")
+            content = _part_text(field_of(item, "content"))
+            last = messages[-1] if messages else None
+            if role == "assistant" and last is not None and last.get("role") == "assistant" and kind == "message":
+                last["content"] = content_text(last.get("content")) + content_text(content)  # one turn's parts
+            else:
+                messages.append({"role": role, "content": content})
+        # reasoning items, built-in tool calls and other items are not chat messages: left out
+    return messages
+
+
 __all__ = [
+    "responses_messages",
     "FINAL_ANSWER",
     "SYNTHESIZED",
     "ArgumentsAs",

@@ -45,7 +45,7 @@ from flowrl.capture.recorder import RunRecord, current_llm
 from flowrl.errors import ConfigError
 from flowrl.schema import SOURCES
 from flowrl.store import TraceStore
-from flowrl.transcript import content_text, field_of, tool_call_parts
+from flowrl.transcript import content_text, field_of, responses_messages, tool_call_parts
 
 GROUPED = "conversation_prefix"  # metadata.grouped of a grouped run
 ADAPTER = "llm_client"
@@ -94,7 +94,7 @@ def _request(api: str, kwargs: dict[str, Any]) -> list[Any] | None:
         items = kwargs.get("input")
         if items is not None and not isinstance(items, (list, tuple, str)):
             return None
-        return oc.responses_messages(kwargs.get("instructions"), items)
+        return responses_messages(kwargs.get("instructions"), items)
     messages = kwargs.get("messages")
     return list(messages) if isinstance(messages, (list, tuple)) else None
 
