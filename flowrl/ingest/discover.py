@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.errors import IngestError
-from flowrl.ingest import langfuse, openai_logs, otlp
+from flowrl.ingest import langfuse, openai_logs, otlp_spans
 from flowrl.ingest.checkpoint import CHECKPOINT_NAME_RE
 from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
 
@@ -82,7 +82,7 @@ def sniff(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-    if otlp.sniff(head):
+    if otlp_spans.sniff(head):
         return OTLP
     if langfuse.sniff(head):
         return LANGFUSE

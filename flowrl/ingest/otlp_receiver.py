@@ -42,7 +42,8 @@ from flowrl.errors import ConfigError, FlowRLError, IngestError
 from flowrl.ingest import langfuse
 from flowrl.ingest.engine import Ingestor
 from flowrl.ingest.openai_logs import Parsed
-from flowrl.ingest.otlp import Span, from_protobuf, spans_of, traces_from_spans
+from flowrl.ingest.otlp import traces_from_spans
+from flowrl.ingest.otlp_spans import Span, from_protobuf, spans_of
 from flowrl.redact import Redactor
 
 log = logging.getLogger(__name__)
