@@ -555,7 +555,7 @@ def seen_messages(ev: LLMEvent) -> list[Any] | None:
 
 def call_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
     """The `llm_calls` entry of a client event."""
-    from flowrl.capture.tokens import token_info
+    from flowrl.capture.tokens import stream_token_info, token_info
 
     message, usage, served, out = read_call(ev)
     tokens_in, tokens_out = _usage(usage)
@@ -590,7 +590,12 @@ def call_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
         entry["prompt_messages"] = len(request)
     if ev.error:
         entry["error"] = v.text(ev.error)
-    tokens = token_info(out) if out is not None else None
+    if out is not None:
+        tokens = token_info(out)
+    elif ev.chunks and ev.api != RESPONSES:  # a streamed chat completion: its chunks' ids, in order
+        tokens = stream_token_info(list(ev.chunks))
+    else:
+        tokens = None
     if tokens is not None:
         entry.update(tokens.fields())
     return entry

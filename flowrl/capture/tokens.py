@@ -71,6 +71,54 @@ def token_info(out: Any) -> TokenInfo | None:
     return info
 
 
+def stream_token_info(chunks: list[Any]) -> TokenInfo | None:
+    """Token ids and logprobs of a streamed chat completion, from the chunks the host read (vLLM with
+    `return_token_ids` puts `prompt_token_ids` on the first chunk and each choice's `token_ids` and
+    `logprobs.content` on every chunk). The call's completion is every chunk's ids in order; when a chunk that
+    carries a delta has none while others do, the ids are incomplete and nothing is recorded (logprobs alike).
+    Never raises."""
+    try:
+        prompt: list[int] | None = None
+        ids: list[int] = []
+        logprobs: list[float] = []
+        ids_ok = lp_ok = True
+        tokenizer = None
+        for chunk in chunks:
+            choice = _first(_get(chunk, "choices"))
+            if prompt is None:
+                prompt = _ids(_get(chunk, "prompt_token_ids")) or _ids(_get(choice, "prompt_token_ids"))
+            if choice is None:
+                continue
+            delta = _get(choice, "delta")
+            speaks = bool(_get(delta, "content")) or bool(_get(delta, "tool_calls"))
+            got = _ids(_get(choice, "token_ids"))
+            lps = _logprobs(_get(choice, "logprobs"))
+            if got is None and lps is not None:
+                got = _entry_ids(_get(choice, "logprobs"))
+            if got is not None:
+                ids.extend(got)
+            elif speaks:
+                ids_ok = False
+            if lps is not None:
+                logprobs.extend(lps)
+            elif speaks:
+                lp_ok = False
+            tokenizer = tokenizer or _get(chunk, "tokenizer")
+        info = TokenInfo(
+            prompt_token_ids=prompt,
+            token_ids=ids if ids_ok and ids else None,
+            logprobs=logprobs if lp_ok and logprobs else None,
+            tokenizer=tokenizer if isinstance(tokenizer, str) and tokenizer else None,
+        )
+        if info.token_ids is not None and info.logprobs is not None and len(info.logprobs) != len(info.token_ids):
+            info.logprobs = None  # not one per sampled token: not what a trainer can use
+    except Exception:
+        return None
+    if info.prompt_token_ids is None and info.token_ids is None and info.logprobs is None:
+        return None
+    return info
+
+
 def _get(obj: Any, name: str) -> Any:
     if obj is None:
         return None
