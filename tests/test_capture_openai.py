@@ -572,3 +572,32 @@ def test_sdk_call_inside_a_hooked_llm_method_is_one_call(tmp_path, server) -> No
     )
     assert trace["metadata"]["transcript"] == "llm_client"
     assert trace["messages"][-1] == {"role": "assistant", "content": FINAL}
+
+
+def test_a_conversation_kept_on_the_server_is_rebuilt_from_the_runs_earlier_call(tmp_path, server) -> None:
+    """`previous_response_id`: the second request sends only the tool's output; the trace still holds what the
+    model saw, the earlier call's messages and reply first."""
+
+    class ChainedAgent:
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def run(self, query: str) -> str:
+            tools = [{"type": "function", "name": "add", "parameters": TOOLS[0]["function"]["parameters"]}]
+            first = self.client.responses.create(
+                model="fake-model", instructions="Add.", input=[{"role": "user", "content": query}], tools=tools
+            )
+            call = first.output[0]
+            output = {"type": "function_call_output", "call_id": call.call_id, "output": "5"}
+            resp = self.client.responses.create(
+                model="fake-model", instructions="Add.", previous_response_id=first.id, input=[output], tools=tools
+            )
+            return str(resp.output_text)
+
+    agent = ChainedAgent(_client(server))
+    with hook_into_agent(agent, store=tmp_path, run_methods=["run"]) as hook:
+        assert agent.run("What is 2 + 3?") == FINAL
+        (trace,) = flushed(hook)
+    assert [m["role"] for m in trace["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert trace["messages"][2]["tool_calls"][0]["id"] == "call_r1"
+    assert trace["tool_calls"][0]["tool_name"] == "add" and trace["tool_calls"][0]["result"] == "5"

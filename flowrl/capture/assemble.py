@@ -413,9 +413,9 @@ def _llm_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
         return _llm_call(ev, v)
 
 
-def _seen_messages(ev: LLMEvent) -> list[Any] | None:
+def _seen_messages(ev: LLMEvent, earlier: list[LLMEvent]) -> list[Any] | None:
     try:
-        return openai_client.seen_messages(ev)
+        return openai_client.seen_messages(ev, earlier[: earlier.index(ev)] if ev in earlier else earlier)
     except BaseException:  # an object in the request that cannot be read: no transcript from it
         return None
 
@@ -489,6 +489,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     events = list(rec.events)
     llm_calls = []
     client_seen: LLMEvent | None = None  # the last client call that carries its request (what the model saw)
+    clients: list[LLMEvent] = []  # every client call, in order (a Responses call may continue an earlier one)
     asked: dict[str, float] = {}  # tool call id -> when the call that asked for it returned
     has_tool_events = False
     for ev in events:
@@ -499,6 +500,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
         entry = _llm_entry(ev, v)
         llm_calls.append(entry)
         for client in openai_client.client_events(ev):
+            clients.append(client)
             if client.request is not None or client.kwargs.get("instructions"):
                 client_seen = client
         end = ev.started + (ev.duration or 0.0)
@@ -520,7 +522,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
     if rec.messages is not None:  # the adapter's own transcript (FlowAgent's working history)
         messages = b.messages(rec.messages)
     elif client_seen is not None:  # what the model saw: the last client call's request and its response
-        seen = _seen_messages(client_seen)
+        seen = _seen_messages(client_seen, clients)
         if seen is not None:
             messages, transcript = b.messages(seen), LLM_CLIENT
             if not has_tool_events:  # no tool method hooked: the transcript's answered calls are the tool calls

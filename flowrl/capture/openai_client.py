@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -544,13 +544,36 @@ def request_messages(ev: LLMEvent) -> list[Any] | None:
     return list(request) if isinstance(request, (list, tuple)) else None
 
 
-def seen_messages(ev: LLMEvent) -> list[Any] | None:
-    """What the model saw and said in this call: its request messages plus its response message."""
+def seen_messages(ev: LLMEvent, earlier: Sequence[LLMEvent] = ()) -> list[Any] | None:
+    """What the model saw and said in this call: its request messages plus its response message. A Responses
+    call that continues a conversation kept on the server (`previous_response_id`) is preceded by what that
+    earlier response saw and said, when the earlier call is among `earlier` (the run's client calls before it);
+    its own `instructions` replace the earlier ones, as the server does."""
     messages = request_messages(ev)
     if messages is None:
         return None
+    previous = ev.kwargs.get("previous_response_id") if ev.api == RESPONSES else None
+    if isinstance(previous, str) and previous:
+        before = [e for e in earlier if e is not ev]
+        found = next((e for e in reversed(before) if _response_id(e) == previous), None)
+        if found is not None:
+            chain = seen_messages(found, before[: before.index(found)]) or []
+            if ev.kwargs.get("instructions"):
+                chain = [m for m in chain if not (isinstance(m, dict) and m.get("role") == "system")]
+                messages = [messages[0], *chain, *messages[1:]]
+            else:
+                messages = [*chain, *messages]
     message = read_call(ev)[0]
     return messages if message is None else [*messages, message]
+
+
+def _response_id(ev: LLMEvent) -> str | None:
+    """The id of the response a Responses call got (its streamed final response's, for a stream)."""
+    if ev.api != RESPONSES:
+        return None
+    out = _responses_stream(list(ev.chunks))[0] if ev.chunks is not None else _plain_response(ev.output)
+    rid = field_of(out, "id") if out is not None else None
+    return rid if isinstance(rid, str) else None
 
 
 def call_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
