@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from flowrl.capture import openai_client
+from flowrl.capture import client_read
 from flowrl.capture.events import Event, LLMEvent, ToolEvent
 from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
@@ -394,11 +394,11 @@ def _offered(ev: Event) -> list[Any]:
     if not isinstance(ev, LLMEvent):
         return []
     if ev.api is not None:
-        return openai_client.tools_of(ev)
+        return client_read.tools_of(ev)
     tools = (ev.kwargs or {}).get("tools")
     found = list(tools) if isinstance(tools, (list, tuple)) else []  # never iterate the host's generator
     for inner in ev.inner or ():
-        found += openai_client.tools_of(inner)
+        found += client_read.tools_of(inner)
     return found
 
 
@@ -406,16 +406,16 @@ def _llm_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
     """One `llm_calls` entry: a hooked method's, a client call's (`openai_client`), or both merged."""
     try:
         if ev.api is not None:
-            return openai_client.call_entry(ev, v)
+            return client_read.call_entry(ev, v)
         entry = _llm_call(ev, v)
-        return openai_client.merged_entry(entry, ev.inner, v) if ev.inner else entry
+        return client_read.merged_entry(entry, ev.inner, v) if ev.inner else entry
     except BaseException:  # a response object that cannot be read: the call as a method saw it
         return _llm_call(ev, v)
 
 
 def _seen_messages(ev: LLMEvent, earlier: list[LLMEvent]) -> list[Any] | None:
     try:
-        return openai_client.seen_messages(ev, earlier[: earlier.index(ev)] if ev in earlier else earlier)
+        return client_read.seen_messages(ev, earlier[: earlier.index(ev)] if ev in earlier else earlier)
     except BaseException:  # an object in the request that cannot be read: no transcript from it
         return None
 
@@ -499,7 +499,7 @@ def build_trace(rec: RunRecord) -> dict[str, Any]:
             continue
         entry = _llm_entry(ev, v)
         llm_calls.append(entry)
-        for client in openai_client.client_events(ev):
+        for client in client_read.client_events(ev):
             clients.append(client)
             if client.request is not None or client.kwargs.get("instructions"):
                 client_seen = client

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flowrl.capture import client_read
 from flowrl.capture import openai_client as oc
 from flowrl.capture.collector import (
     DEFAULT_EXIT_TIMEOUT,
@@ -119,7 +120,7 @@ class _Conversation:
         ev = self.last
         if ev is None or self.state is None or ev.duration is None:
             return False
-        reply = oc.read_call(ev)[0] if not ev.error else None
+        reply = client_read.read_call(ev)[0] if not ev.error else None
         state = self.state.copy()
         if reply is None:  # failed, or no reply: a retry repeats the request
             self.need = self.n
@@ -301,7 +302,7 @@ class CallCapture(Hook):
             if rec.closed:
                 return
             if conv.last is not None and not conv.last.error:
-                reply = oc.read_call(conv.last)[0]
+                reply = client_read.read_call(conv.last)[0]
                 content = None if reply is None else reply.get("content")
                 rec.result = None if content is None else content_text(content)
             elif conv.last is not None:

@@ -22,7 +22,7 @@ The host's side per call: a shallow copy of `messages`, one `LLMEvent` (api "lit
 for a stream, the same `CustomStreamWrapper` is returned and each chunk the host reads (LiteLLM's own
 `ModelResponseStream` object, unchanged) is appended to the event. Return values, exceptions and chunks pass
 through unchanged; a failure while recording is counted (`capture_errors`) and the call goes on unrecorded.
-The writer reads the events with `openai_client.call_entry`/`seen_messages` (a `ModelResponse` has the chat
+The writer reads the events with `client_read.call_entry`/`seen_messages` (a `ModelResponse` has the chat
 completion's shape; `tokens.py` reads its token ids).
 """
 
