@@ -393,7 +393,7 @@ class TraceStore:
         when it is not a valid trace. `outcome_ids` (a listing's `ids_with_outcomes`) saves a lookup per file."""
         trace = self.read_file(path)
         if outcome_ids is None or trace.trace_id in outcome_ids:
-            trace.outcomes = read_outcomes(self.root, trace.trace_id, self._skipper(self._begin_or_current()))
+            trace.outcomes = read_outcomes(self.root, trace.trace_id, self._skipper(self.problems))
         return trace
 
     @staticmethod
@@ -441,13 +441,12 @@ class TraceStore:
     def outcomes(self, trace_id: str) -> list[HostOutcome]:
         """The run's outcomes in the order they were recorded."""
         _check_id(trace_id)
-        return read_outcomes(self.root, trace_id, self._skipper(self._begin_or_current()))
-
-    def _begin_or_current(self) -> ReadProblems:
-        return self._ops.current if self._ops.current is not None else self._ops.last
+        return read_outcomes(self.root, trace_id, self._skipper(self.problems))
 
     @staticmethod
     def _skipper(problems: ReadProblems) -> Callable[[Path, str], None]:
+        """Records a file skipped as unreadable in `problems`, logging it the first time."""
+
         def skip(path: Path, message: str) -> None:
             if problems.add(ReadProblem(path, message)):
                 log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
@@ -461,11 +460,7 @@ class TraceStore:
 
     def _paths(self, flt: TraceFilter | None, problems: ReadProblems) -> Iterator[Path]:
         """Trace files, oldest day first; every entry that is not one is recorded in `problems` (once)."""
-
-        def skip(path: Path, message: str) -> None:
-            if problems.add(ReadProblem(path, message)):
-                log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
-
+        skip = self._skipper(problems)
         for day in sorted(day_dirs(self.root, skip)):
             if flt is None or flt.day_ok(day.name):
                 yield from trace_files(day, skip)
@@ -476,13 +471,13 @@ class TraceStore:
         if flt is None:
             flt = TraceFilter(**{k: _coerce_date(k, v) for k, v in filters.items()})
         problems = self._begin()
+        skip = self._skipper(problems)
         outcome_ids = ids_with_outcomes(self.root)
         for path in self._paths(flt, problems):
             try:
                 trace = self.read_path(path, outcome_ids=outcome_ids)
             except SchemaError as exc:
-                if problems.add(ReadProblem(path, str(exc))):
-                    log.warning("flowrl: skipping %s", exc, extra=READ_PROBLEM)
+                skip(path, str(exc))
                 continue
             if flt.matches(trace):
                 yield trace

@@ -83,14 +83,15 @@ def read_outcomes(root: Path, trace_id: str, skip: Skip | None = None) -> list[H
         _skip(skip, path, f"{path}: {exc.strerror or exc}")
         return []
     out = []
-    for number, line in enumerate(raw.splitlines(), 1):
+    lines = raw.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path} line {number}"
         try:
             data = orjson.loads(line)
         except orjson.JSONDecodeError:
-            if number == len(raw.splitlines()) and not raw.endswith(b"\n"):
+            if number == len(lines) and not raw.endswith(b"\n"):
                 continue  # a line still being appended by another process
             _skip(skip, path, f"{where}: not JSON")
             continue

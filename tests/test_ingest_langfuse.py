@@ -8,8 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from flowrl.ingest import langfuse
 from flowrl.ingest.api import ingest_paths
 from flowrl.ingest.discover import LANGFUSE, OTLP, classify, classify_explicit
 from flowrl.ingest.otlp import read_otlp
-from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
 from flowrl.store import TraceStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "langfuse"
@@ -81,21 +78,6 @@ def test_scores_of_a_trace_not_stored_are_counted(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
     summary = ingest_paths([FIXTURES / "ingestion-1.json"], store)
     assert summary.skip_reasons[langfuse.NOT_STORED] == 2 and summary.rejected_count == 0
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, OTLPReceiver, TraceStore]]:
-    store = TraceStore(tmp_path / "traces")
-    receiver = OTLPReceiver(store, pending_s=60.0)
-    server = make_server(receiver, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    host, port = server.server_address[:2]
-    try:
-        yield f"http://{host!s}:{port}", receiver, store
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def post(url: str, body: bytes, ctype: str) -> tuple[int, bytes]:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,6 @@ from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
 from flowrl.store import TraceStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "otlp"
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, OTLPReceiver, TraceStore]]:
-    store = TraceStore(tmp_path / "traces")
-    receiver = OTLPReceiver(store, pending_s=60.0)
-    server = make_server(receiver, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    host, port = server.server_address[:2]
-    try:
-        yield f"http://{host!s}:{port}", receiver, store
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def post(url: str, body: bytes, ctype: str = "application/json", encoding: str = "") -> int:

@@ -41,10 +41,9 @@ from flowrl.capture.collector import (
     attach,
 )
 from flowrl.capture.events import LLMEvent
-from flowrl.capture.hook import DEFAULT_MAX_EVENTS, Hook, _clients
+from flowrl.capture.hook import Hook, _clients, capture_options
 from flowrl.capture.recorder import RunRecord, current_llm
 from flowrl.errors import ConfigError
-from flowrl.schema import SOURCES
 from flowrl.store import TraceStore
 from flowrl.transcript import content_text, field_of, responses_messages, tool_call_parts
 
@@ -387,18 +386,7 @@ def capture_llm_calls(store: TraceStore | str | os.PathLike[str] | None = None, 
     max_open = options.get("max_open", DEFAULT_MAX_OPEN)
     if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
         raise ConfigError(f"max_open must be a positive integer, not {max_open!r}")
-    max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
-    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 0:
-        raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
-    mask = options.get("mask")
-    if mask is not None and not callable(mask):
-        raise ConfigError("mask must be a callable taking and returning a str")
-    source = options.get("source", "live")
-    if source not in SOURCES:
-        raise ConfigError(f"source {source!r}: use one of {', '.join(SOURCES)}")
-    on_trace = options.get("on_trace")
-    if on_trace is not None and not callable(on_trace):
-        raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
+    max_events, mask, source, on_trace = capture_options(options)
     clock = options.get("clock") or time.monotonic
     if not callable(clock):
         raise ConfigError("clock must be a callable returning seconds")

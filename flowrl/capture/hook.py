@@ -429,18 +429,7 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
             f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
             "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])"
         )
-    max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
-    if not isinstance(max_events, int) or max_events < 0:
-        raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
-    mask = options.get("mask")
-    if mask is not None and not callable(mask):
-        raise ConfigError("mask must be a callable taking and returning a str")
-    source = options.get("source", "live")
-    if source not in SOURCES:
-        raise ConfigError(f"source {source!r}: use one of {', '.join(SOURCES)}")
-    on_trace = options.get("on_trace")
-    if on_trace is not None and not callable(on_trace):
-        raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
+    max_events, mask, source, on_trace = capture_options(options)
     effective = {
         "adapter": adapter,
         "run_methods": run_methods,
@@ -526,6 +515,24 @@ def _clients(value: Any) -> tuple[str, ...]:
     if missing:
         raise ConfigError(f"llm_clients: {', '.join(missing)} cannot be imported here (install it, or leave it out)")
     return tuple(dict.fromkeys(names))
+
+
+def capture_options(options: dict[str, Any]) -> tuple[int, Callable[[str], str] | None, str, Any]:
+    """(`max_events_per_run`, `mask`, `source`, `on_trace`) of a capture's options, checked: ConfigError names a
+    value that cannot be one. Shared by `hook_into_agent` and `grouping.capture_llm_calls`."""
+    max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 0:
+        raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
+    mask = options.get("mask")
+    if mask is not None and not callable(mask):
+        raise ConfigError("mask must be a callable taking and returning a str")
+    source = options.get("source", "live")
+    if source not in SOURCES:
+        raise ConfigError(f"source {source!r}: use one of {', '.join(SOURCES)}")
+    on_trace = options.get("on_trace")
+    if on_trace is not None and not callable(on_trace):
+        raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
+    return max_events, mask, source, on_trace
 
 
 def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | None:

@@ -263,36 +263,32 @@ def set_grouper(grouper: Any) -> None:
     _GROUPER = grouper
 
 
-def _grouped(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
-    """A call outside any captured run: its conversation's run and its event when calls are being grouped
-    (`grouping.capture_llm_calls`), else None (not recorded). Never raises."""
-    grouper = _GROUPER
-    if grouper is None:
+def _begin(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
+    """The run and event a call is recorded into: the current run's; outside any run, its conversation's when
+    calls are being grouped (`grouping.capture_llm_calls`). None: not recorded (a failure counted). Never
+    raises."""
+    frame = current_frame()
+    if frame is None:
+        unattributed()
+        grouper = _GROUPER
+        return None if grouper is None else grouper.begin(api, kwargs, lambda rec: record(rec, api, kwargs))
+    rec = frame[0]
+    try:
+        ev = record(rec, api, kwargs)
+    except Exception as exc:
+        rec.hook.fail(f"{api}: recording a call", exc)
         return None
-    return grouper.begin(api, kwargs, lambda rec: record(rec, api, kwargs))
+    return None if ev is None else (rec, ev)
 
 
 def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not live[0]:
             return wrapped(*args, **kwargs)
-        frame = current_frame()
-        if frame is None:
-            unattributed()
-            begun = _grouped(api, kwargs)
-            if begun is None:
-                return wrapped(*args, **kwargs)
-            rec, ev = begun
-        else:
-            rec = frame[0]
-            try:
-                got = record(rec, api, kwargs)
-            except Exception as exc:
-                rec.hook.fail(f"{api}: recording a call", exc)
-                got = None
-            if got is None:
-                return wrapped(*args, **kwargs)
-            ev = got
+        begun = _begin(api, kwargs)
+        if begun is None:
+            return wrapped(*args, **kwargs)
+        rec, ev = begun
         try:
             out = wrapped(*args, **kwargs)
         except BaseException as exc:
@@ -311,23 +307,10 @@ def _async_handler(api: str, live: list[bool]) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not live[0]:
             return wrapped(*args, **kwargs)
-        frame = current_frame()
-        if frame is None:
-            unattributed()
-            begun = _grouped(api, kwargs)
-            if begun is None:
-                return wrapped(*args, **kwargs)
-            rec, ev = begun
-        else:
-            rec = frame[0]
-            try:
-                got = record(rec, api, kwargs)
-            except Exception as exc:
-                rec.hook.fail(f"{api}: recording a call", exc)
-                got = None
-            if got is None:
-                return wrapped(*args, **kwargs)
-            ev = got
+        begun = _begin(api, kwargs)
+        if begun is None:
+            return wrapped(*args, **kwargs)
+        rec, ev = begun
         try:
             coro = wrapped(*args, **kwargs)  # the SDK checks its arguments here, before any await
         except BaseException as exc:

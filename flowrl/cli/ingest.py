@@ -135,12 +135,12 @@ def serve_otlp_cmd(
     """Receive OTLP/HTTP traces (POST /v1/traces, JSON or protobuf) and write the agent runs into the store.
 
     Point an instrumented application at it with OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; Ctrl-C stops."""
-    from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
+    from flowrl.ingest.otlp_receiver import LOCAL_HOSTS, OTLPReceiver, make_server
 
     st = open_store(store)
     receiver = OTLPReceiver(st, pending_s=pending)
     server = make_server(receiver, host, port, allow_remote=allow_remote)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if host not in LOCAL_HOSTS:
         err_console.print(
             f"[yellow]warning[/yellow]: listening on {host}: anyone who can reach it can write traces into {st.root}",
             markup=True,

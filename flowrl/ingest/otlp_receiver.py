@@ -121,8 +121,7 @@ class OTLPReceiver:
                 self._waiting[span.trace_id] = (now, waiting)  # the clock restarts with each new span
                 touched.add(span.trace_id)
             ready = [t for t in touched if any(not s.parent_id for s in self._waiting[t][1])]
-            stale = [t for t, (seen, _) in self._waiting.items() if now - seen > self.pending_s and t not in touched]
-            batches = [self._waiting.pop(t)[1] for t in (*ready, *stale)]
+            batches = [self._waiting.pop(t)[1] for t in ready] + self._take_stale(now)
         for batch in batches:
             self._store(batch)
 
@@ -171,13 +170,18 @@ class OTLPReceiver:
             with self._lock:
                 self.stats.scores += n
 
+    def _take_stale(self, now: float) -> list[list[Span]]:
+        """The spans of the traces without a new span for `pending_s` (under the lock; a trace that just got a
+        span is never one), taken out of the waiting room."""
+        stale = [t for t, (seen, _) in self._waiting.items() if now - seen > self.pending_s]
+        return [self._waiting.pop(t)[1] for t in stale]
+
     def sweep(self) -> None:
         """Give up on traces whose root span did not come within `pending_s`, and on scores whose trace did not
         come (counted as skipped)."""
         with self._lock:
             now = self._clock()
-            stale = [t for t, (seen, _) in self._waiting.items() if now - seen > self.pending_s]
-            batches = [self._waiting.pop(t)[1] for t in stale]
+            batches = self._take_stale(now)
             lost = [
                 t for t, (seen, _) in self._scores.items() if now - seen > self.pending_s and t not in self._waiting
             ]
