@@ -20,15 +20,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 # From Debian's packages when we are root: bubblewrap isolates the code sandbox; chromium lets the
 # report test look at the page in a real browser (that test skips without it); a C compiler builds
-# llama-cpp-python (setup runs after this in `make test` and `make demo`).
+# llama-cpp-python (setup runs after this in `make test` and `make demo`); Go runs the Ollama templates
+# through text/template in tests/test_export_ollama.py (that test skips without it).
 system-deps:
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing=" bubblewrap"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing build-essential"; \
+	command -v go >/dev/null 2>&1 || missing="$$missing golang-go"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
-	      || echo "warning: could not install$$missing (without bubblewrap the sandbox falls back to unshare or limits alone; without chromium the browser test skips)"; \
+	      || echo "warning: could not install$$missing (without bubblewrap the sandbox falls back to unshare or limits alone; without chromium the browser test skips; without golang-go the Ollama template test skips)"; \
 	  else echo "warning: missing$$missing: apt-get install$$missing (without bubblewrap the sandbox is weaker)"; fi; \
 	fi
 

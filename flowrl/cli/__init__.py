@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.train",
     "flowrl.cli.improve",
     "flowrl.cli.export",
+    "flowrl.cli.serve",
     "flowrl.cli.report",
     "flowrl.cli.demo",
 )

@@ -135,7 +135,8 @@ def serve_otlp_cmd(
     """Receive OTLP/HTTP traces (POST /v1/traces, JSON or protobuf) and write the agent runs into the store.
 
     Point an instrumented application at it with OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; Ctrl-C stops."""
-    from flowrl.ingest.otlp_receiver import LOCAL_HOSTS, OTLPReceiver, make_server
+    from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
+    from flowrl.localhost import LOCAL_HOSTS
 
     st = open_store(store)
     receiver = OTLPReceiver(st, pending_s=pending)

@@ -164,8 +164,7 @@ class TransformersBackend(TokensInBackend):
         forward = inspect.signature(self.model.forward).parameters
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
 
-    def complete(self, messages: list[dict[str, Any]]) -> Completion:
-        prompt = self.render(messages)
+    def complete_ids(self, prompt: list[int]) -> Completion:
         with self._cond:
             request = _Request(prompt, self._submitted)
             self._submitted += 1

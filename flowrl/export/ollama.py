@@ -1,19 +1,19 @@
 """Ollama Modelfile from a model's own chat template, and `ollama create`.
 
-Hugging Face chat templates are Jinja; Ollama templates are Go `text/template`. There is no general
-translation, so the tokenizer's template is recognised by its markers and mapped to a hand-written Go
-template of the same format:
+The tokenizer's Jinja chat template is recognised by its markers and mapped to a hand-written Go template of
+the same format (`flowrl.export.ollama_templates`): plain ChatML and Llama 3, and tool-aware templates for
+flowrl's SmolLM2, Qwen2.5, Qwen3 and Llama 3.1/3.2, which render `.Tools`, tool calls and tool results so that
+Ollama serves the model with tools.
 
-* **ChatML** (`<|im_start|>` / `<|im_end|>`: SmolLM2, Qwen2, many fine-tunes);
-* **Llama 3** (`<|start_header_id|>` / `<|eot_id|>`).
+A default system prompt that the Jinja template inserts by itself (SmolLM2 and Qwen2.5 do) is found by rendering
+the template with and without a system message and becomes the Modelfile's `SYSTEM`. Stop tokens are the
+format's turn markers plus the tokenizer's EOS token.
 
-A default system prompt that the Jinja template inserts by itself (SmolLM2 does) is found by rendering
-the template for one user message and becomes the Modelfile's `SYSTEM`. Stop tokens are the format's turn
-markers plus the tokenizer's EOS token.
-
-Any other template raises TemplateConversionError with `strict=True`. Otherwise (the default) the
-Modelfile is written without TEMPLATE, with a comment saying so: Ollama then uses the chat template
-stored in the GGUF file (`tokenizer.chat_template`), which it auto-detects for known formats.
+A template of no known format raises TemplateConversionError with `strict=True`; otherwise (the default) the
+Modelfile is written without TEMPLATE, with a comment saying so: Ollama then uses the chat template stored in the
+GGUF file (`tokenizer.chat_template`), which it auto-detects for known formats. A template that handles tools but
+has no tool-aware Go template gets its format's plain template, with a warning and a Modelfile comment (or
+TemplateConversionError with `strict=True`): it is never silently stripped of its tools.
 """
 
 from __future__ import annotations
@@ -28,94 +28,58 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.export.errors import ExportError, TemplateConversionError
+from flowrl.export.ollama_templates import (
+    CHATML_TEMPLATE,
+    FORMATS,
+    LLAMA3_TEMPLATE,
+    ChatFormat,
+    detect_format,
+    missing_tool_support,
+)
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "FORMATS",
+    "LLAMA3_TEMPLATE",
+    "ChatFormat",
+    "DeployResult",
+    "ModelfileSpec",
+    "OllamaDeployer",
+    "build_modelfile",
+    "default_system_prompt",
+    "detect_format",
+]
 
 log = logging.getLogger(__name__)
 
-CHATML_TEMPLATE = """{{- if .System }}<|im_start|>system
-{{ .System }}<|im_end|>
-{{ end }}
-{{- range $i, $_ := .Messages }}
-{{- $last := eq (len (slice $.Messages $i)) 1 }}
-{{- if ne .Role "system" }}<|im_start|>{{ .Role }}
-{{ .Content }}{{ if or (ne .Role "assistant") (not $last) }}<|im_end|>
-{{ end }}
-{{- end }}
-{{- if and $last (ne .Role "assistant") }}<|im_start|>assistant
-{{ end }}
-{{- end }}"""
-
-LLAMA3_TEMPLATE = """{{- if .System }}<|start_header_id|>system<|end_header_id|>
-
-{{ .System }}<|eot_id|>
-{{- end }}
-{{- range $i, $_ := .Messages }}
-{{- $last := eq (len (slice $.Messages $i)) 1 }}
-{{- if ne .Role "system" }}<|start_header_id|>\
-{{ if eq .Role "tool" }}ipython{{ else }}{{ .Role }}{{ end }}<|end_header_id|>
-
-{{ .Content }}{{ if or (ne .Role "assistant") (not $last) }}<|eot_id|>{{ end }}
-{{- end }}
-{{- if and $last (ne .Role "assistant") }}<|start_header_id|>assistant<|end_header_id|>
-
-{{ end }}
-{{- end }}"""
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    name: str
-    template: str
-    stops: tuple[str, ...]
-    system_open: str  # how the rendered Jinja template opens a system turn
-    system_close: str
-
-
-FORMATS: dict[str, ChatFormat] = {
-    "chatml": ChatFormat(
-        "chatml", CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_start|>system\n", "<|im_end|>"
-    ),
-    "llama3": ChatFormat(
-        "llama3",
-        LLAMA3_TEMPLATE,
-        ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-        "<|start_header_id|>system<|end_header_id|>\n\n",
-        "<|eot_id|>",
-    ),
-}
-
-
-def detect_format(chat_template: str | None) -> ChatFormat:
-    """The ChatFormat a Jinja chat template writes, or TemplateConversionError naming the supported ones."""
-    if not chat_template:
-        raise TemplateConversionError("the tokenizer has no chat_template: nothing to convert into an Ollama TEMPLATE")
-    if "<|im_start|>" in chat_template and "<|im_end|>" in chat_template:
-        return FORMATS["chatml"]
-    if "<|start_header_id|>" in chat_template and "<|eot_id|>" in chat_template:
-        return FORMATS["llama3"]
-    raise TemplateConversionError(
-        "this chat template is neither ChatML (<|im_start|>) nor Llama 3 (<|start_header_id|>); flowrl converts only "
-        "those two into Ollama's Go template syntax. Write TEMPLATE by hand, or leave it out and let Ollama use the "
-        "template stored in the GGUF file"
-    )
-
 
 def default_system_prompt(tokenizer: Any, fmt: ChatFormat) -> str | None:
-    """The system prompt the Jinja template adds when the conversation has none, if any."""
-    marker = "FLOWRL-USER-MESSAGE"
+    """The system prompt the Jinja template adds when the conversation has none, if any.
+
+    The template is rendered for one user message with and without a marker system message: what stands in the
+    marker's place in a system turn (`fmt.system_open`) of the bare rendering is the default. Comparing the two
+    renderings, rather than reading the first system turn, skips text the template writes around every system
+    prompt (Llama 3.1's "Cutting Knowledge Date" preamble), which the Go template writes itself.
+    """
+    user, system = "FLOWRL-USER-MESSAGE", "FLOWRL-SYSTEM-PROMPT"
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
     try:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
-        )
+        bare = render([{"role": "user", "content": user}])
+        with_system = render([{"role": "system", "content": system}, {"role": "user", "content": user}])
     except Exception as exc:  # a template that needs more context (tools, dates) renders nothing useful here
         log.debug("cannot render the chat template: %s", exc)
         return None
-    head = rendered.split(marker, 1)[0]
-    start = head.find(fmt.system_open)
-    if start < 0:
+    head, found, tail = with_system.partition(system)
+    if not found or fmt.system_open not in head or not bare.startswith(head):
         return None
-    end = head.find(fmt.system_close, start)
-    text = head[start + len(fmt.system_open) : end if end >= 0 else None]
-    return text.strip() or None
+    follow = tail.split(user, 1)[0]  # what separates the system prompt from the user message
+    end = bare.find(follow + user, len(head))
+    if end < 0:
+        return None
+    return bare[len(head) : end].strip() or None
 
 
 def _quote(value: str) -> str:
@@ -196,6 +160,12 @@ def build_modelfile(
         spec.note = f"TEMPLATE left out: {exc}.\nOllama uses the chat template stored in the model file instead."
         log.warning("Modelfile: %s", exc)
     else:
+        gap = missing_tool_support(template or "", fmt)
+        if gap is not None:
+            if strict:
+                raise TemplateConversionError(gap)
+            spec.note = f"Tools left out: {gap}."
+            log.warning("Modelfile: %s", gap)
         spec.template = fmt.template
         spec.stops = list(fmt.stops)
         spec.system = default_system_prompt(tokenizer, fmt)

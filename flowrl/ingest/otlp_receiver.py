@@ -38,12 +38,13 @@ from typing import Any
 
 import orjson
 
-from flowrl.errors import ConfigError, FlowRLError, IngestError
+from flowrl.errors import FlowRLError, IngestError
 from flowrl.ingest import langfuse
 from flowrl.ingest.engine import Ingestor
 from flowrl.ingest.openai_logs import Parsed
 from flowrl.ingest.otlp import traces_from_spans
 from flowrl.ingest.otlp_spans import Span, from_protobuf, spans_of
+from flowrl.localhost import check_host
 from flowrl.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 4318  # OTLP/HTTP's
 MAX_BODY = 64 * 1024 * 1024
 PENDING_S = 60.0
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 TRACE_PATHS = ("/v1/traces", "/api/public/otel/v1/traces")
 INGESTION_PATH = "/api/public/ingestion"
 _RUNS_KEPT = 10_000  # OTel trace id -> runs, for the scores that come after their trace
@@ -225,11 +225,7 @@ def make_server(
     receiver: OTLPReceiver, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, allow_remote: bool = False
 ) -> ThreadingHTTPServer:
     """The HTTP server (not started: `serve_forever()`); port 0 picks a free one (`server.server_address`)."""
-    if host not in LOCAL_HOSTS and not allow_remote:
-        raise ConfigError(
-            f"--host {host}: serve-otlp listens on 127.0.0.1; pass --allow-remote to listen on {host} "
-            "(anyone who can reach it can write into the store)"
-        )
+    check_host(host, allow_remote, "serve-otlp", "anyone who can reach it can write into the store")
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "flowrl-otlp"

@@ -80,6 +80,11 @@ class TokensInBackend:
 
         self.fingerprint = fingerprint(self.tokenizer)
 
+    @property
+    def stop_ids(self) -> set[int]:
+        """The ids that end a reply (the end-of-turn token and the generation config's)."""
+        return set(self._stop_ids)
+
     def _also_stop_at(self, ids: Any) -> None:
         """Stop ids beyond the tokenizer's end of turn (a generation config's `eos_token_id`, int or list)."""
         self._stop_ids |= {int(i) for i in (ids if isinstance(ids, list) else [ids]) if i is not None}
@@ -102,7 +107,11 @@ class TokensInBackend:
         """The reply, with the prompt ids the model was given, the ids it sampled (end-of-turn token included)
         and each sampled token's log-probability under softmax(logits / temperature) (temperature 1 when
         greedy): the quantity TRL's GRPO computes for the same tokens, so the two can be compared."""
-        prompt = self.render(messages)
+        return self.complete_ids(self.render(messages))
+
+    def complete_ids(self, prompt: list[int]) -> Completion:
+        """The reply to prompt ids rendered elsewhere (`flowrl serve` renders an OpenAI request with the model's
+        own template and its tools); `reuse_sampled` them first to put earlier replies back as sampled."""
         tokens, logprobs = self._generate(prompt)
         return self._completion(prompt, tokens, logprobs)
 
@@ -125,8 +134,11 @@ class TokensInBackend:
             self._sampled.append((tuple(prompt), tuple(tokens)))
         return completion
 
-    def reuse_sampled(self, ids: list[int]) -> list[int]:
-        """`ids` with every earlier reply the backend sampled in this conversation put back as its sampled ids."""
+    def reuse_sampled(self, ids: list[int], *, same_text: bool = False) -> list[int]:
+        """`ids` with every earlier reply the backend sampled in this conversation put back as its sampled ids.
+
+        `same_text`: only where the reply in `ids` reads as the sampled one (whitespace aside); a server sets it,
+        since its client may have edited or cut a reply, and the model must then see what the client sent."""
         with self._sampled_lock:
             replies: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
             for prompt, sampled in self._sampled:
@@ -138,21 +150,28 @@ class TokensInBackend:
             end = next((i for i in range(n, len(ids)) if ids[i] in self._end_ids), None)
             if end is None:
                 continue
-            sampled = self._closest(replies[prompt], ids[n:end])
+            found = self._closest(replies[prompt], ids[n:end], same_text)
+            if found is None:
+                continue
             # the template's end-of-turn token stays when the reply was cut off before its own
-            tail = ids[end + 1 :] if sampled and sampled[-1] in self._end_ids else ids[end:]
-            ids = [*prompt, *sampled, *tail]
+            tail = ids[end + 1 :] if found and found[-1] in self._end_ids else ids[end:]
+            ids = [*prompt, *found, *tail]
         return ids
 
-    def _closest(self, candidates: list[tuple[int, ...]], rendered: list[int]) -> tuple[int, ...]:
+    def _closest(
+        self, candidates: list[tuple[int, ...]], rendered: list[int], same_text: bool = False
+    ) -> tuple[int, ...] | None:
         """The earlier reply that `rendered` (one assistant turn as the template wrote it) is a rendering of.
-        Whitespace is ignored: the agent may render the tool calls it parsed with other spacing."""
+        Whitespace is ignored: the agent may render the tool calls it parsed with other spacing. With `same_text`,
+        None unless one reads exactly as `rendered` does."""
         distinct = list(dict.fromkeys(candidates))
-        if len(distinct) == 1:
+        if len(distinct) == 1 and not same_text:
             return distinct[0]
         with self._tokenizer_lock:
             target = "".join(self.tokenizer.decode(rendered, skip_special_tokens=True).split())
             texts = ["".join(self.tokenizer.decode(c, skip_special_tokens=True).split()) for c in distinct]
+        if same_text:
+            return next((c for c, text in zip(distinct, texts) if text == target), None)
         scores = [difflib.SequenceMatcher(None, target, text, autojunk=False).ratio() for text in texts]
         return distinct[scores.index(max(scores))]
 

@@ -1,0 +1,77 @@
+"""`flowrl serve MODEL`: an OpenAI-compatible server on localhost for an exported or trained model."""
+
+from __future__ import annotations
+
+import typer
+
+from flowrl.cli.common import console, err_console
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    model: str = typer.Argument(
+        ...,
+        help=(
+            "A .gguf file or a folder `flowrl export` wrote (llama.cpp), an adapter folder from `flowrl train`, "
+            "a Hugging Face model folder, or `default`."
+        ),
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (another than localhost needs --allow-remote)."),
+    port: int = typer.Option(8080, help="Port (0 picks a free one)."),
+    engine: str = typer.Option("auto", help="auto (llama.cpp when installed), llama.cpp or transformers."),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="Base model of an adapter folder, overriding its adapter_config.json."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer folder of a .gguf file (default: the merged/ folder beside it)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="Model name the server reports (default: from MODEL)."),
+    temperature: float = typer.Option(0.7, help="Temperature of requests that set none."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Reply length limit of requests that set none."),
+    ctx: int = typer.Option(4096, "--ctx", help="Context length (llama.cpp)."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="FLOWRL_SERVE_API_KEY", help="Require `Authorization: Bearer KEY`."
+    ),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Listen on a non-local --host."),
+) -> None:
+    """Serve MODEL at http://HOST:PORT/v1 (chat completions, tools, streaming); Ctrl-C stops.
+
+    Point a FlowAgent at it with flowrl.serve.client.use_served(agent, URL, NAME) (LiteLLM model string
+    openai/NAME), or any OpenAI client with base_url=URL."""
+    from flowrl.localhost import LOCAL_HOSTS, check_host
+    from flowrl.serve import load
+    from flowrl.serve.model import ServedModel
+    from flowrl.serve.server import start
+
+    check_host(host, allow_remote, "flowrl serve", "anyone who can reach it can run the model; set --api-key")
+    plan = load.plan(model, engine=engine, base_model=base_model, tokenizer=tokenizer)
+    where = plan.gguf or (f"{plan.model_dir} + {plan.adapter}" if plan.adapter else plan.model_dir)
+    with console.status(f"loading {where} ({plan.engine})"):
+        backend = load.load_backend(plan, max_tokens=max_tokens, temperature=temperature, n_ctx=ctx)
+        served = ServedModel(backend, name=name or plan.name, temperature=temperature, max_tokens=max_tokens)
+    server, thread = start(served, host=host, port=port, api_key=api_key, allow_remote=allow_remote)
+    if host not in LOCAL_HOSTS and api_key is None:
+        err_console.print(f"[yellow]warning[/yellow]: listening on {host} without --api-key", highlight=False)
+    console.print(f"serving {served.name} ({plan.engine}: {where}) at {server.url}; Ctrl-C stops", highlight=False)
+    console.print(
+        f"agent: use_served(agent, {server.url!r}, {served.name!r})  (LiteLLM: model='openai/{served.name}', "
+        f"api_base={server.url!r}, api_key='none')",
+        highlight=False,
+    )
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    counts = served.counts
+    console.print(
+        f"served {counts['requests']} requests ({counts['tool calls']} tool calls parsed, "
+        f"{counts['unparsed tool call']} replies with an unparsed tool call returned as text)",
+        highlight=False,
+    )

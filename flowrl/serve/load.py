@@ -1,0 +1,152 @@
+"""What `flowrl serve MODEL` loads, and with which engine.
+
+MODEL is one of:
+
+* a GGUF file: llama.cpp. Its tokenizer (which renders the chat template and must be the GGUF's vocabulary)
+  is `--tokenizer`, else the `merged/` folder `flowrl export` writes beside the file, else the file's folder;
+* a folder `flowrl export` wrote (it holds `export.json`): its GGUF with llama.cpp when llama-cpp-python is
+  installed, else its `merged/` folder with transformers;
+* a PEFT adapter folder from `flowrl train` (the base model from its adapter_config.json, or `--base-model`),
+  a Hugging Face model folder, or `default` (flowrl's SmolLM2-135M-Instruct): llama.cpp when installed (the
+  model, with the adapter merged in, is converted to GGUF once and cached under `$FLOWRL_MODELS/gguf/`), else
+  transformers, which needs no build.
+
+`--engine llama.cpp|transformers` forces one; asking for llama.cpp where llama-cpp-python is missing, or for
+transformers with a GGUF file, is one line naming the fix, never another engine in its place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "llama.cpp", "transformers")
+
+
+@dataclass(frozen=True)
+class Plan:
+    engine: str
+    model_dir: Path  # the Hugging Face folder: the tokenizer (and the weights for transformers)
+    adapter: Path | None = None
+    gguf: Path | None = None
+    name: str = "flowrl"
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
+def _llama_cpp() -> bool:
+    from flowrl.demo.llama_backend import llama_cpp_available
+
+    return llama_cpp_available()
+
+
+def _need_llama_cpp(what: str) -> None:
+    if not _llama_cpp():
+        from flowrl.demo.llama_backend import INSTALL_HINT
+
+        raise ConfigError(f"{what} needs llama-cpp-python: {INSTALL_HINT}")
+
+
+def _gguf_plan(path: Path, engine: str, tokenizer: Path | None) -> Plan:
+    if engine == "transformers":
+        raise ConfigError(
+            f"{path} is a GGUF file, which transformers does not serve: use --engine llama.cpp (or auto), "
+            "or serve the merged/ folder flowrl export wrote beside it"
+        )
+    _need_llama_cpp(f"serving {path}")
+    candidates = [tokenizer] if tokenizer else [path.parent / "merged", path.parent]
+    folder = next((c for c in candidates if c is not None and _has_tokenizer(c)), None)
+    if folder is None:
+        raise ConfigError(
+            f"{path}: a GGUF file needs its Hugging Face tokenizer folder to render the chat template as training "
+            f"did (looked in {', '.join(str(c) for c in candidates)}): pass --tokenizer FOLDER, e.g. the merged/ "
+            "folder flowrl export writes"
+        )
+    return Plan("llama.cpp", folder, gguf=path, name=path.stem)
+
+
+def _export_plan(folder: Path, engine: str) -> Plan:
+    try:
+        record = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{folder}/export.json cannot be read ({exc}): export again, or serve the GGUF file") from exc
+
+    def recorded(key: str, fallback: Path) -> Path:
+        """A path export.json names (relative to where export ran), else the same name in `folder`."""
+        value = record.get(key)
+        if value and Path(value).exists():
+            return Path(value)
+        return folder / Path(value).name if value else fallback
+
+    merged = recorded("model_dir", folder / "merged")
+    gguf: Path | None = recorded("gguf_path", folder / "none.gguf")
+    if gguf is not None and not gguf.is_file():
+        gguf = next(iter(sorted(folder.glob("*.gguf"))), None)
+    name = gguf.stem if gguf else folder.name
+    if engine != "transformers" and gguf is not None and (engine == "llama.cpp" or _llama_cpp()):
+        return _gguf_plan(gguf, "llama.cpp", merged)
+    if engine == "llama.cpp":
+        _need_llama_cpp(f"serving {folder}")
+        return Plan("llama.cpp", merged, name=name)  # no GGUF there: converted from merged/ and cached
+    if not (merged / "config.json").is_file():
+        raise ConfigError(f"{folder}/export.json names no merged/ model folder: export again, or serve the GGUF file")
+    return Plan("transformers", merged, name=name)
+
+
+def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, tokenizer: str | None = None) -> Plan:
+    """What to load for `spec` (the module docstring says how it is read)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
+    tok = Path(tokenizer).expanduser() if tokenizer else None
+    if tok is not None and not _has_tokenizer(tok):
+        raise ConfigError(f"--tokenizer {tok}: no tokenizer_config.json or tokenizer.json there")
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"{path} does not exist: pass the .gguf file flowrl export wrote")
+        return _gguf_plan(path, engine, tok)
+    if path.is_dir() and (path / "export.json").is_file():
+        return _export_plan(path, engine)
+    from flowrl.models import resolve_model
+
+    if base_model is not None and not (path / "adapter_config.json").is_file():
+        raise ConfigError(f"--base-model applies to an adapter folder; {spec} is not one (no adapter_config.json)")
+    resolved = resolve_model(spec)
+    model_dir = Path(resolve_model(base_model).path if base_model else resolved.path)
+    adapter = Path(resolved.adapter) if resolved.adapter else None
+    name = (adapter or Path(resolved.path)).name if not resolved.builtin else "smollm2-135m-instruct"
+    if engine == "auto":
+        engine = "llama.cpp" if _llama_cpp() else "transformers"
+        if engine == "transformers":
+            from flowrl.demo.llama_backend import INSTALL_HINT
+
+            log.warning("serving with transformers, 4-6x slower on a CPU than llama.cpp: %s", INSTALL_HINT)
+    elif engine == "llama.cpp":
+        _need_llama_cpp(f"--engine llama.cpp for {spec}")
+    return Plan(engine, model_dir, adapter=adapter, name=name)
+
+
+def load_backend(p: Plan, *, max_tokens: int = 512, temperature: float = 0.7, n_ctx: int = 4096, seed: int = 0) -> Any:
+    """The `TokensInBackend` that `p` describes."""
+    kwargs: dict[str, Any] = {
+        "adapter": p.adapter,
+        "max_new_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+    }
+    if p.engine == "llama.cpp":
+        from flowrl.demo.llama_backend import LlamaCppBackend
+
+        return LlamaCppBackend(p.model_dir, gguf=p.gguf, n_ctx=n_ctx, **kwargs)
+    from flowrl.demo.backend import TransformersBackend
+
+    return TransformersBackend(p.model_dir, batch_size=1, **kwargs)

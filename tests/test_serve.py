@@ -1,0 +1,242 @@
+"""`flowrl serve`: OpenAI requests rendered with the model's template and tools, tool calls parsed out of the
+reply, token ids returned, errors as one clear message; and agents pointed at it."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowrl.serve.tool_calls import parse_reply, style_of
+from flowrl.train.chat_backend import TokensInBackend
+from tests.helpers_export import tiny_tokenizer
+
+TEMPLATE = (Path(__file__).parent.parent / "flowrl" / "templates" / "smollm2_chatml.jinja").read_text()
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a fact up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+]
+
+
+class ScriptedBackend(TokensInBackend):
+    """A backend whose model says the next scripted reply: the server's whole path runs, the weights do not."""
+
+    def __init__(self, replies: list[str], template: str = TEMPLATE) -> None:
+        tokenizer = tiny_tokenizer(template)
+        super().__init__(".", tokenizer=tokenizer, temperature=0.0)
+        self.replies = list(replies)
+        self.prompts: list[list[int]] = []
+
+    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        self.prompts.append(prompt)
+        ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False)
+        ids = ids[: self.max_new_tokens]
+        if len(ids) < self.max_new_tokens:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids, [-0.5] * len(ids)
+
+
+@pytest.fixture
+def served() -> Any:
+    from flowrl.serve.model import ServedModel
+    from flowrl.serve.server import start
+
+    servers = []
+
+    def make(replies: list[str], template: str = TEMPLATE, api_key: str | None = None) -> tuple[str, Any]:
+        backend = ScriptedBackend(replies, template)
+        server, _ = start(ServedModel(backend, name="tiny"), port=0, api_key=api_key)
+        servers.append(server)
+        return server.url, backend
+
+    yield make
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _post(url: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+# -- parsing tool calls ------------------------------------------------------------------------------------------
+
+
+def test_hermes_tool_calls_are_parsed_and_broken_ones_returned_as_text() -> None:
+    reply = parse_reply(
+        'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key": "capital of france"}}\n</tool_call>'
+        '<tool_call>{"name": "lookup", "arguments": {"key": "b"}}</tool_call>',
+        "hermes",
+    )
+    assert reply.content == "Let me look."
+    assert [json.loads(c["function"]["arguments"]) for c in reply.tool_calls] == [
+        {"key": "capital of france"},
+        {"key": "b"},
+    ]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in reply.tool_calls)
+    for broken in (
+        '<tool_call>{"name": "lookup", "arguments": {"key": "a"',  # cut off by max_tokens
+        "<tool_call>lookup(key='a')</tool_call>",  # not JSON
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+    ):
+        parsed = parse_reply(broken, "hermes")
+        assert parsed.content == broken and not parsed.tool_calls and parsed.unparsed
+    assert parse_reply("Paris.", "hermes").content == "Paris."
+
+
+def test_llama3_json_calls_and_qwen3_thinking() -> None:
+    call = parse_reply('<|python_tag|>{"name": "lookup", "parameters": {"key": "x"}}', "llama3")
+    assert call.content is None and call.tool_calls[0]["function"]["name"] == "lookup"
+    assert parse_reply("The answer is {not json", "llama3").content == "The answer is {not json"
+    thought = parse_reply(
+        '<think>\nneed a fact\n</think>\n\n<tool_call>{"name": "lookup", "arguments": {}}</tool_call>', "hermes"
+    )
+    assert thought.reasoning == "need a fact" and thought.content is None and len(thought.tool_calls) == 1
+
+
+def test_style_is_read_off_the_template() -> None:
+    trl = Path(__import__("trl").__file__).parent / "chat_templates"
+    assert style_of(TEMPLATE) == "hermes"
+    assert style_of((trl / "qwen2_5.jinja").read_text()) == "hermes"
+    assert style_of((trl / "qwen3.jinja").read_text()) == "hermes"
+    assert style_of((trl / "llama3_1.jinja").read_text()) == "llama3"
+    assert style_of("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+
+
+# -- the server --------------------------------------------------------------------------------------------------
+
+
+def test_openai_sdk_gets_tool_calls_token_ids_and_a_stream(served: Any) -> None:
+    openai = pytest.importorskip("openai")
+    url, backend = served(
+        [
+            '<tool_call>{"name": "lookup", "arguments": {"key": "capital of france"}}</tool_call>',
+            "Paris.",
+            '<tool_call>{"name": "lookup", "arguments": {"key": "b"}}</tool_call>',
+        ]
+    )
+    client = openai.OpenAI(base_url=url, api_key="none")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Capital of France?"}]
+    first = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, logprobs=True)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"key": "capital of france"}
+    extra = first.model_extra or {}
+    # what the model saw: the template rendered the tool definitions into the prompt
+    seen = backend.tokenizer.decode(extra["prompt_token_ids"])
+    assert '"name": "lookup"' in seen and "<tools>" in seen and seen.endswith("<|im_start|>assistant\n")
+    assert extra["tokenizer"] == backend.fingerprint
+    assert len(choice.model_extra["token_ids"]) == first.usage.completion_tokens
+    assert [t.logprob for t in choice.logprobs.content] == [-0.5] * first.usage.completion_tokens
+
+    # the tool call and its result go back; the sampled reply is put back as the ids that were sampled
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Paris"},
+    ]
+    second = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "Paris." and second.choices[0].finish_reason == "stop"
+    prompt = second.model_extra["prompt_token_ids"]
+    sampled = first.choices[0].model_extra["token_ids"]
+    assert prompt[: len(extra["prompt_token_ids"]) + len(sampled)] == extra["prompt_token_ids"] + sampled
+    assert "<tool_response>\nParis\n</tool_response>" in backend.tokenizer.decode(prompt)
+
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, tools=TOOLS, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    calls = [c for chunk in chunks for choice in chunk.choices for c in (choice.delta.tool_calls or [])]
+    assert calls[0].function.name == "lookup" and json.loads(calls[0].function.arguments) == {"key": "b"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_a_template_without_tools_is_refused_not_silently_dropped(served: Any) -> None:
+    plain = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    url, _ = served(["hi"], template=plain)
+    status, body = _post(url + "/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS})
+    assert status == 400 and "does not render tool definitions" in body["error"]["message"]
+    status, body = _post(url + "/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "hi"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not JSON"),
+        ([1, 2], 400, "JSON object"),
+        ({"messages": []}, 400, "non-empty list"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n=1"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, 400, "temperature=9"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text only"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens=0"),
+    ],
+)
+def test_bad_requests_get_one_clear_message(served: Any, body: Any, status: int, words: str) -> None:
+    url, _ = served(["never"])
+    got, reply = _post(url + "/chat/completions", body)
+    assert got == status and words in reply["error"]["message"]
+
+
+def test_api_key_routes_and_stop_strings(served: Any) -> None:
+    url, _ = served(["one. two. three.", "x"], api_key="s3cret")
+    request = {"messages": [{"role": "user", "content": "count"}], "stop": ["two"]}
+    assert _post(url + "/chat/completions", request)[0] == 401
+    status, body = _post(url + "/chat/completions", request, {"Authorization": "Bearer s3cret"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "one."
+    assert body["usage"]["completion_tokens"] == len(body["choices"][0]["token_ids"]) < 10
+    assert _post(url + "/completions", request, {"Authorization": "Bearer s3cret"})[0] == 404
+    with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10) as response:
+        assert json.loads(response.read())["model"] == "tiny"
+
+
+def test_non_local_host_needs_allow_remote() -> None:
+    from flowrl.errors import ConfigError
+    from flowrl.serve.server import start
+
+    with pytest.raises(ConfigError, match="--allow-remote"):
+        start(object(), host="0.0.0.0", port=0)  # type: ignore[arg-type]
+
+
+# -- what is loaded ----------------------------------------------------------------------------------------------
+
+
+def test_plan_names_the_fix_for_what_it_cannot_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.errors import ConfigError
+    from flowrl.serve import load
+
+    gguf = tmp_path / "alone" / "m.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr("flowrl.demo.llama_backend.llama_cpp_available", lambda: True)
+    with pytest.raises(ConfigError, match="--tokenizer"):
+        load.plan(str(gguf))
+    with pytest.raises(ConfigError, match="transformers does not serve"):
+        load.plan(str(gguf), engine="transformers")
+    tiny_tokenizer().save_pretrained(tmp_path / "merged")
+    beside = tmp_path / "m.gguf"
+    beside.write_bytes(b"GGUF")
+    assert load.plan(str(beside)).model_dir == tmp_path / "merged"
+    monkeypatch.setattr("flowrl.demo.llama_backend.llama_cpp_available", lambda: False)
+    with pytest.raises(ConfigError, match="llama-cpp-python"):
+        load.plan(str(beside))
+    with pytest.raises(ConfigError, match="--engine"):
+        load.plan(str(beside), engine="vllm")
