@@ -240,3 +240,34 @@ def test_plan_names_the_fix_for_what_it_cannot_serve(tmp_path: Path, monkeypatch
         load.plan(str(beside))
     with pytest.raises(ConfigError, match="--engine"):
         load.plan(str(beside), engine="vllm")
+
+
+def test_a_flowagent_reaches_it_through_its_litellm_model_string(served: Any) -> None:
+    """`use_served` sets the LiteLLM string a FlowAgent's router reads on every call; LiteLLM's `openai/` provider
+    then talks to flowrl serve, tools and tool calls included (LiteLLM is not in the dev extra: skipped in CI)."""
+    from types import SimpleNamespace
+
+    from flowrl.export.agent import restore_model
+    from flowrl.serve.client import use_served
+
+    url, _ = served(['<tool_call>{"name": "lookup", "arguments": {"key": "k"}}</tool_call>'])
+    agent = SimpleNamespace(
+        amd=SimpleNamespace(
+            fast_llm_model="openrouter/a", complex_llm_model="openrouter/b", api_base=None, api_key=None
+        )
+    )
+    previous = use_served(agent, url, "tiny")
+    assert (agent.amd.fast_llm_model, agent.amd.complex_llm_model) == ("openai/tiny", "openai/tiny")
+    assert (agent.amd.api_base, agent.amd.api_key) == (url, "none")
+    litellm = pytest.importorskip("litellm")
+    reply = litellm.completion(
+        model=agent.amd.fast_llm_model,
+        api_base=agent.amd.api_base,
+        api_key=agent.amd.api_key,
+        messages=[{"role": "user", "content": "k?"}],
+        tools=TOOLS,
+    )
+    call = reply.choices[0].message.tool_calls[0]
+    assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"key": "k"}
+    restore_model(agent, previous)
+    assert agent.amd.fast_llm_model == "openrouter/a" and agent.amd.api_base is None

@@ -28,7 +28,17 @@ def export(
             "or print the command when Ollama is not installed."
         ),
     ),
-    no_verify: bool = typer.Option(False, "--no-verify", help="Skip loading the GGUF back and comparing logits."),
+    verify: str | None = typer.Option(
+        None,
+        "--verify",
+        help=(
+            "How to check the GGUF against the merged model's logits: transformers (the default: its GGUF loader), "
+            "llama.cpp (runs the file as Ollama would; needs llama-cpp-python, flowrl's llama extra), both, or none."
+        ),
+    ),
+    no_verify: bool = typer.Option(
+        False, "--no-verify", help="Same as --verify none: skip loading the GGUF back and comparing logits."
+    ),
     base_model: str | None = typer.Option(
         None, "--base-model", help="Base model folder, overriding base_model_name_or_path in adapter_config.json."
     ),
@@ -39,15 +49,18 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an export already in --out."),
 ) -> None:
     """Merge the LoRA adapter, write GGUF (quantised in Python), verify it, and write an Ollama Modelfile."""
+    from flowrl.export.errors import ExportError
     from flowrl.export.pipeline import ExportPipeline
 
+    if no_verify and verify not in (None, "none"):
+        raise ExportError(f"--no-verify and --verify {verify} contradict each other: give one of them")
     pipeline = ExportPipeline(
         model,
         out,
         format=format.lower(),
         quant=quant,
         ollama_name=ollama,
-        verify=not no_verify,
+        verify="none" if no_verify else (verify or "transformers"),
         base_model=base_model,
         dtype=dtype,
         name=name,
@@ -62,10 +75,10 @@ def export(
             f"GGUF          {result.gguf_path} ({result.gguf_path.stat().st_size / 1e6:.1f} MB, {quant})",
             highlight=False,
         )
-    if result.verification:
-        console.print(f"verified      {result.verification}", highlight=False)
-    elif format == "gguf":
-        console.print("verified      skipped (--no-verify)", highlight=False)
+    for verifier, figures in result.verification_figures.items():
+        console.print(f"verified      {verifier}: {figures['summary']}", highlight=False)
+    if result.gguf_path and not result.verification_figures:
+        console.print("verified      skipped (--verify none)", highlight=False)
     for tensor, reason in result.tensor_fallbacks.items():
         console.print(f"[yellow]fallback[/yellow] {tensor}: {reason}", highlight=False)
     for warning in result.warnings:

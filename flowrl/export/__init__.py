@@ -1,4 +1,4 @@
-"""Export: merge a LoRA adapter, write GGUF (F16/BF16/Q8_0/Q4_0, in Python), verify it, write an Ollama Modelfile.
+"""Export: merge a LoRA adapter, write GGUF (F16 to Q4_0, in Python), verify it, write an Ollama Modelfile.
 
 Importing this package is light: torch, transformers, peft and gguf are imported inside the functions
 that use them. Public names resolve on first use.
@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "ARCHITECTURES": "flowrl.export.gguf_writer",
     "QUANT_TYPES": "flowrl.export.quantize",
     "verify_gguf": "flowrl.export.verify",
+    "verify_gguf_llama": "flowrl.export.verify_llama",
     "VerificationReport": "flowrl.export.verify",
     "TOLERANCES": "flowrl.export.verify",
     "OllamaDeployer": "flowrl.export.ollama",

@@ -1,13 +1,15 @@
-"""Hugging Face Llama-family checkpoint -> one GGUF file, with the PyPI `gguf` package (no llama.cpp build).
+"""Hugging Face decoder checkpoint -> one GGUF file, with the PyPI `gguf` package (no llama.cpp build).
 
-What is written, following llama.cpp's `convert_hf_to_gguf.py` for these architectures:
+What is written, following llama.cpp's `convert_hf_to_gguf.py` for the architectures in `flowrl.export.gguf_arch`
+(Llama, Mistral, Qwen2, Qwen3, Gemma 3 text):
 
 * tensors renamed with `gguf.get_tensor_name_map` (`model.layers.0.self_attn.q_proj.weight` ->
-  `blk.0.attn_q.weight`); for the `llama` architecture the Q and K projections (and their biases) are
-  permuted from Hugging Face's rotate-half layout to llama.cpp's interleaved one, exactly as the converter
-  does; `lm_head.weight` is left out when the embeddings are tied (llama.cpp then reuses `token_embd`);
-* hyper-parameters (context, embedding and feed-forward length, heads, KV heads, RoPE base and dims,
-  RMS-norm epsilon, vocab size), `general.name` and `general.file_type`;
+  `blk.0.attn_q.weight`) and transformed as the architecture needs (Llama's Q/K permutation, Gemma's +1 on
+  norms: see `gguf_arch`); `lm_head.weight` is left out when the embeddings are tied (llama.cpp then reuses
+  `token_embd`);
+* hyper-parameters (context, embedding and feed-forward length, heads, KV heads, head dim, RoPE base, dims
+  and linear scaling, RMS-norm epsilon, vocab size), `general.name` and `general.file_type`, plus the
+  architecture's own keys (Gemma 3's sliding window, local RoPE base, logit softcapping);
 * the tokenizer, merges, special token ids and chat template (see `flowrl.export.vocab`);
 * tensor types per `flowrl.export.quantize`.
 
@@ -30,23 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.export.errors import ExportError, UnsupportedArchitectureError
+from flowrl.export.gguf_arch import (  # ArchSpec, ARCHITECTURES, arch_spec: re-exported, callers import them from here
+    ARCHITECTURES,
+    ArchSpec,
+    arch_spec,
+    rope_scaling,
+    rope_theta,
+    tensor_transform,
+)
 from flowrl.export.quantize import TensorPlan, check_quant, encode, file_type, plan_tensor
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ARCHITECTURES", "ArchSpec", "GGUFExporter", "GGUFResult", "arch_spec", "read_config", "write_gguf"]
 
-@dataclass(frozen=True)
-class ArchSpec:
-    gguf_arch: str  # name in gguf.MODEL_ARCH_NAMES
-    permute_qk: bool
-
-
-# Hugging Face `architectures[0]` -> how llama.cpp converts it. Mistral is converted as `llama`, as llama.cpp does.
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec("llama", permute_qk=True),
-    "MistralForCausalLM": ArchSpec("llama", permute_qk=True),
-    "Qwen2ForCausalLM": ArchSpec("qwen2", permute_qk=False),
-}
 
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -76,37 +75,10 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         raise ExportError(f"cannot read {path}: {exc}") from exc
 
 
-def arch_spec(config: dict[str, Any]) -> tuple[str, ArchSpec]:
-    names = config.get("architectures") or []
-    for name in names:
-        if name in ARCHITECTURES:
-            return name, ARCHITECTURES[name]
-    shown = ", ".join(names) or f"model_type {config.get('model_type')!r}"
-    raise UnsupportedArchitectureError(
-        f"GGUF export does not support {shown}: supported architectures are {', '.join(ARCHITECTURES)}. "
-        "Use `--format safetensors` for other models (Ollama can import some safetensors folders directly)"
-    )
-
-
-def _rope_theta(config: dict[str, Any]) -> float | None:
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta"))
-    return float(theta) if theta is not None else None
-
-
-def _rope_scaling(config: dict[str, Any]) -> dict[str, Any] | None:
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    return None if kind in (None, "default") else dict(scaling, rope_type=kind)
-
-
-def _permute(weights: Any, n_head: int) -> Any:
-    """llama.cpp's `LlamaModel.permute`: rotate-half (HF) -> interleaved pairs (GGML) along the rows."""
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
+def _linear_scaling(scaling: dict[str, Any]) -> bool:
+    """Linear RoPE scaling (Gemma 3 4B and up use it on their global layers) is the one kind written, as llama.cpp's
+    converter writes it; the others need per-model tensors or keys this writer does not produce."""
+    return scaling["rope_type"] == "linear" and scaling.get("factor") is not None
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -186,8 +158,6 @@ class GGUFExporter:
         config = read_config(model_dir)
         hf_arch, spec = arch_spec(config)
         n_layers = int(config["num_hidden_layers"])
-        n_head = int(config["num_attention_heads"])
-        n_head_kv = int(config.get("num_key_value_heads") or n_head)
         tied = bool(config.get("tie_word_embeddings", False))
         arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.gguf_arch)
         name_map = gguf.get_tensor_name_map(arch_enum, n_layers)
@@ -205,23 +175,24 @@ class GGUFExporter:
                 )
             plans.append((key, gguf_name, plan_tensor(gguf_name, shape, self.quant), shape))
 
-        def transform(key: str, array: Any) -> Any:
-            if spec.permute_qk and key.endswith(("q_proj.weight", "q_proj.bias")):
-                return _permute(array, n_head)
-            if spec.permute_qk and key.endswith(("k_proj.weight", "k_proj.bias")):
-                return _permute(array, n_head_kv)
-            return array
-
+        transform = tensor_transform(spec, config)
         result = GGUFResult(path=out_path, quant=self.quant, architecture=hf_arch, n_tensors=len(plans), size_bytes=0)
-        scaling = _rope_scaling(config)
-        if scaling is not None:
+        scaling = rope_scaling(config)
+        if scaling is not None and not _linear_scaling(scaling):
             result.warnings.append(
                 f"RoPE scaling {scaling['rope_type']!r} is not written: llama.cpp and transformers' GGUF loader "
                 "then use unscaled RoPE, which matches the original only within the unscaled context length"
             )
+        elif scaling is not None:
+            result.warnings.append(
+                f"linear RoPE scaling (factor {scaling['factor']}) is written for llama.cpp; transformers' GGUF "
+                "loader ignores it, so a transformers reload of this file uses unscaled RoPE"
+            )
 
         def fill(writer: Any) -> None:
             self._add_metadata(writer, config, model_dir)
+            if spec.extra_metadata is not None:
+                result.warnings.extend(spec.extra_metadata(writer, config))
             from flowrl.export.vocab import add_tokenizer
 
             vocab = add_tokenizer(writer, model_dir, int(config["vocab_size"]))
@@ -259,12 +230,16 @@ class GGUFExporter:
         writer.add_head_count(n_head)
         writer.add_head_count_kv(int(config.get("num_key_value_heads") or n_head))
         writer.add_rope_dimension_count(head_dim)
-        if head_dim != hidden // n_head:
+        if config.get("head_dim") or head_dim != hidden // n_head:  # as convert_hf_to_gguf: whenever it is given
             writer.add_key_length(head_dim)
             writer.add_value_length(head_dim)
-        theta = _rope_theta(config)
+        theta = rope_theta(config)
         if theta is not None:
             writer.add_rope_freq_base(theta)
+        scaling = rope_scaling(config)
+        if scaling is not None and _linear_scaling(scaling):
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(scaling["factor"]))
         writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
         writer.add_vocab_size(int(config["vocab_size"]))
         writer.add_file_type(file_type(self.quant))

@@ -7,13 +7,19 @@ Layout of `out_dir` after a GGUF export:
                           already was a full model
       model-q8_0.gguf     the GGUF file (name: `{name}-{quant}.gguf`)
       Modelfile           FROM ./model-q8_0.gguf, TEMPLATE, SYSTEM, PARAMETER stop/temperature/num_ctx
-      export.json         what was done: paths, tensor types, fall-backs, verification figures, command
+      export.json         what was done: paths, tensor types, fall-backs, which verifier ran and its figures,
+                          the command
 
 With `format="safetensors"` the GGUF and verification steps are skipped and the Modelfile points at the
 merged folder (Ollama imports safetensors folders of the Llama family directly).
 
 An `out_dir` that already holds an export (any of the files above) is refused unless `overwrite=True`,
 which removes those files first (never anything else in the folder).
+
+`verify` picks how the GGUF is checked: "transformers" (load it back with transformers' GGUF reader,
+`verify.py`), "llama.cpp" (run it in llama-cpp-python, `verify_llama.py`: what Ollama serves it with), "both"
+or "none"; True and False mean "transformers" and "none". Asking for llama.cpp without llama_cpp importable
+fails at once, before any work, and never falls back to transformers.
 
 A GGUF that fails verification is renamed to `*.gguf.failed-verification` (kept for inspection, never
 picked up by a Modelfile) and VerificationError is raised.
@@ -28,14 +34,28 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowrl.export.errors import ExportError, VerificationError
 from flowrl.export.quantize import check_quant
 
+if TYPE_CHECKING:
+    from flowrl.export.verify import VerificationReport
+
 log = logging.getLogger(__name__)
 
 FORMATS = ("gguf", "safetensors")
+VERIFIERS = ("transformers", "llama.cpp", "both", "none")
+
+
+def verifiers(verify: bool | str) -> tuple[str, ...]:
+    """The checks `verify` asks for, in the order they run: () for none, both for "both"."""
+    if isinstance(verify, bool):
+        return ("transformers",) if verify else ()
+    choice = verify.strip().lower()
+    if choice not in VERIFIERS:
+        raise ExportError(f"unknown verifier {verify!r}: use {', '.join(VERIFIERS[:-1])} or {VERIFIERS[-1]}")
+    return {"both": ("transformers", "llama.cpp"), "none": ()}.get(choice, (choice,))
 
 
 @dataclass
@@ -46,7 +66,9 @@ class ExportResult:
     modelfile: Path | None = None
     ollama_command: str | None = None
     ollama_created: bool = False
-    verification: str | None = None
+    verification: str | None = None  # "VERIFIER: summary" for each verifier that ran, joined by "; "
+    verifier: str = "none"  # transformers, llama.cpp, both or none
+    verification_figures: dict[str, dict[str, Any]] = field(default_factory=dict)  # verifier -> worst figures
     tensor_fallbacks: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -65,7 +87,7 @@ class ExportPipeline:
         format: str = "gguf",
         quant: str = "q8_0",
         ollama_name: str | None = None,
-        verify: bool = True,
+        verify: bool | str = True,
         base_model: str | None = None,
         dtype: str = "auto",
         name: str = "model",
@@ -80,7 +102,12 @@ class ExportPipeline:
         self.format = format
         self.quant = check_quant(quant)
         self.ollama_name = ollama_name
-        self.verify = verify
+        self.verifiers = verifiers(verify)
+        self.verify = {0: "none", 2: "both"}.get(len(self.verifiers)) or self.verifiers[0]
+        if "llama.cpp" in self.verifiers and format == "gguf":
+            from flowrl.export.verify_llama import require_llama_cpp
+
+            require_llama_cpp()  # fail before the merge, not minutes later
         self.base_model = base_model
         self.dtype = dtype
         self.name = name
@@ -96,6 +123,8 @@ class ExportPipeline:
         self.progress("merging the adapter into the base model" if kind == "adapter" else "using the full model as is")
         merged = merge_adapter(self.model, self.out_dir / "merged", base_model=self.base_model, dtype=self.dtype)
         result = ExportResult(out_dir=self.out_dir, model_dir=merged.path)
+        if self.format == "gguf":
+            result.verifier = self.verify
 
         source: Path = merged.path
         if self.format == "gguf":
@@ -145,20 +174,33 @@ class ExportPipeline:
         result.gguf_path = path
         result.tensor_fallbacks = dict(written.fallbacks)
         result.warnings.extend(written.warnings)
-        if self.verify:
-            self.progress("verifying: loading the GGUF back with transformers and comparing logits")
-            from flowrl.export.verify import verify_gguf
-
-            try:
-                report = verify_gguf(path, model_dir, self.quant, prompts=self.prompts)
-            except VerificationError:
-                failed = path.with_name(path.name + ".failed-verification")
-                os.replace(path, failed)
-                log.error("kept the failing file as %s", failed)
-                raise
-            result.verification = report.summary()
+        summaries = []
+        for verifier in self.verifiers:
+            report = self._verify(verifier, path, model_dir)
+            summaries.append(f"{verifier}: {report.summary()}")
+            result.verification_figures[verifier] = report.figures()
             result.warnings.extend(report.warnings)
+        result.verification = "; ".join(summaries) or None
         return path
+
+    def _verify(self, verifier: str, path: Path, model_dir: Path) -> VerificationReport:
+        """Run one verifier on `path`; on failure rename the file so no Modelfile can use it, and re-raise."""
+        from flowrl.export.verify import verify_gguf
+        from flowrl.export.verify_llama import verify_gguf_llama
+
+        check: Callable[..., VerificationReport] = verify_gguf
+        if verifier == "llama.cpp":
+            self.progress("verifying: running the GGUF in llama.cpp and comparing logits")
+            check = verify_gguf_llama
+        else:
+            self.progress("verifying: loading the GGUF back with transformers and comparing logits")
+        try:
+            return check(path, model_dir, self.quant, prompts=self.prompts)
+        except VerificationError:
+            failed = path.with_name(path.name + ".failed-verification")
+            os.replace(path, failed)
+            log.error("kept the failing file as %s", failed)
+            raise
 
     def _write_record(self, result: ExportResult) -> None:
         record = dict(result.to_dict(), format=self.format, quant=self.quant, source=str(self.model))

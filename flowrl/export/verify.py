@@ -67,6 +67,7 @@ class PromptCheck:
     top1_agreement: float
     mean_kl: float
     tokens_match: bool
+    max_abs_error: float | None = None  # largest |logit difference| against the unquantised model, when measured
 
 
 @dataclass
@@ -76,6 +77,8 @@ class VerificationReport:
     checks: list[PromptCheck] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    verifier: str = "transformers"  # what loaded the file back: transformers or llama.cpp (verify_llama)
+    conversion_limit: float = CONVERSION_TOLERANCE
 
     @property
     def passed(self) -> bool:
@@ -87,11 +90,43 @@ class VerificationReport:
         worst = max(self.checks, key=lambda c: c.drift_rel_error)
         conv = max(c.conversion_rel_error for c in self.checks)
         top1 = min(c.top1_agreement for c in self.checks)
+        max_abs = [c.max_abs_error for c in self.checks if c.max_abs_error is not None]
         return (
-            f"{len(self.checks)} prompts: conversion error {conv:.1e} (limit {CONVERSION_TOLERANCE:.0e}), "
+            f"{len(self.checks)} prompts: conversion error {conv:.1e} (limit {self.conversion_limit:g}), "
             f"{self.quant} drift {worst.drift_rel_error:.3f} (limit {TOLERANCES[self.quant].max_rel_error}), "
-            f"top-1 agreement >= {top1:.2f}, mean KL <= {max(c.mean_kl for c in self.checks):.3g}"
+            + (f"max |Δlogit| {max(max_abs):.3g}, " if max_abs else "")
+            + f"top-1 agreement >= {top1:.2f}, mean KL <= {max(c.mean_kl for c in self.checks):.3g}"
         )
+
+    def figures(self) -> dict[str, Any]:
+        """The worst figure of each kind over the prompts, with its limit: what export.json records."""
+        checks = self.checks
+        max_abs = [c.max_abs_error for c in checks if c.max_abs_error is not None]
+        return {
+            "verifier": self.verifier,
+            "summary": self.summary(),
+            "prompts": len(checks),
+            "conversion_rel_error": max((c.conversion_rel_error for c in checks), default=None),
+            "conversion_limit": self.conversion_limit,
+            "drift_rel_error": max((c.drift_rel_error for c in checks), default=None),
+            "drift_limit": TOLERANCES[self.quant].max_rel_error,
+            "max_abs_logit_error": max(max_abs) if max_abs else None,
+            "top1_agreement": min((c.top1_agreement for c in checks), default=None),
+            "mean_kl": max((c.mean_kl for c in checks), default=None),
+            "tokens_match": all(c.tokens_match for c in checks),
+            "passed": self.passed,
+        }
+
+
+def render_prompt(tokenizer: Any, prompt: str) -> str:
+    """The text `_encode` tokenizes: `prompt` as a user turn in the tokenizer's chat template, or as it is."""
+    if getattr(tokenizer, "chat_template", None):
+        return str(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+        )
+    return prompt
 
 
 def _encode(tokenizer: Any, prompt: str) -> list[int]:
@@ -134,6 +169,23 @@ def _rel(a: Any, b: Any) -> float:
     return float((a - b).norm() / a.norm().clamp_min(1e-12))
 
 
+def reference_logits(
+    reference_dir: Path, config: dict[str, Any], quant: str, encoded: list[tuple[str, list[int]]]
+) -> tuple[list[Any], list[Any]]:
+    """The merged model's float32 logits on each prompt's ids: as it is, and with its weights sent through the
+    `quant` round trip (`_simulate_quantisation`), the two references every verifier compares a GGUF with."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32)
+    ref_model.eval()
+    with torch.no_grad():
+        plain = [ref_model(torch.tensor([ids])).logits[0] for _, ids in encoded]
+        _simulate_quantisation(ref_model, config, quant)
+        simulated = [ref_model(torch.tensor([ids])).logits[0] for _, ids in encoded]
+    return plain, simulated
+
+
 def verify_gguf(
     gguf_path: str | os.PathLike[str],
     reference_dir: str | os.PathLike[str],
@@ -170,16 +222,12 @@ def verify_gguf(
         gguf_tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as exc:
         raise VerificationError(f"transformers cannot load {gguf_path} back: {exc}") from exc
-    ref_model = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32)
     ref_tok = AutoTokenizer.from_pretrained(str(reference_dir))
     gguf_model.eval()
-    ref_model.eval()
 
     encoded = [(p, _encode(ref_tok, p)) for p in (prompts or DEFAULT_PROMPTS)]
+    plain, simulated = reference_logits(reference_dir, config, quant, encoded)
     with torch.no_grad():
-        plain = [ref_model(torch.tensor([ids])).logits[0] for _, ids in encoded]
-        _simulate_quantisation(ref_model, config, quant)
-        simulated = [ref_model(torch.tensor([ids])).logits[0] for _, ids in encoded]
         loaded = [gguf_model(torch.tensor([ids])).logits[0] for _, ids in encoded]
 
     for (prompt, ids), ref, sim, got in zip(encoded, plain, simulated, loaded):

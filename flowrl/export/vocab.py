@@ -1,17 +1,25 @@
 """The tokenizer part of a GGUF file, built from a Hugging Face fast tokenizer.
 
-Two tokenizer families are written, the way llama.cpp's `convert_hf_to_gguf.py` writes them:
+What gguf ships is used as llama.cpp's `convert_hf_to_gguf.py` uses it: `gguf.SpecialVocab` reads the merges,
+the special token ids (bos/eos/unk/pad/...), the add_bos/add_eos flags and the chat template from
+tokenizer.json, tokenizer_config.json, chat_template.jinja and config.json; `gguf.LlamaHfVocab` lists the tokens
+of a sentencepiece-style tokenizer. What gguf does not do is done here:
 
-* **byte-level BPE** (`tokenizer.ggml.model = "gpt2"`): SmolLM/SmolLM2, Llama 3, Qwen2, GPT-2 and most
-  newer models. Tokens are stored in the byte alphabet exactly as `tokenizer.json` spells them, plus the
-  merges. The pre-tokenizer name (`tokenizer.ggml.pre`) is read off the tokenizer's own pre-tokenizer
+* **byte-level BPE** (`tokenizer.ggml.model = "gpt2"`): SmolLM/SmolLM2, Llama 3, Qwen2/Qwen3, GPT-2 and most
+  newer models. The token list and types are built as the converter's `get_vocab_base` builds them (gguf has no
+  helper for it). The pre-tokenizer name (`tokenizer.ggml.pre`) is read off the tokenizer's own pre-tokenizer
   (llama.cpp picks it from a hash of a test encoding; here the structure is matched instead):
   `smollm` (digits split one by one, then GPT-2's regex), `llama-bpe` (Llama 3's regex), `qwen2`
   (Qwen2's regex), `gpt-2` (plain byte-level regex). Anything else is written as `default` with a
   warning: llama.cpp then splits text with its default regex, which may tokenize some text differently.
-* **sentencepiece-style BPE with byte fallback** (`"llama"`): Llama 2, Mistral, TinyLlama, from their
-  `tokenizer.json`. Scores are `-id` (the merge order such vocabularies follow), `<0xNN>` tokens are
-  BYTE. Written best-effort: only the byte-level family is covered by the test suite.
+* **sentencepiece-style BPE with byte fallback** (`"llama"`): Llama 2, Mistral, TinyLlama, Gemma 3, from their
+  `tokenizer.json`, through `gguf.LlamaHfVocab`. Its scores are a constant placeholder; llama.cpp's
+  sentencepiece tokenizer merges the pair whose result scores highest, so the score written is `-id` instead (BPE
+  vocabularies list merged tokens in merge order), which makes llama.cpp merge as the BPE merges do.
+  `add_space_prefix` follows the tokenizer's own Prepend/Metaspace step (Gemma 3 has none).
+* the end-of-turn token of the chat formats flowrl knows (`tokenizer.ggml.eot_token_id`), and add_bos/add_eos
+  taken from what the tokenizer actually does when tokenizer_config.json does not state them (llama.cpp would
+  otherwise assume add_bos for every sentencepiece-style vocabulary).
 
 Anything else (WordPiece, Unigram, a slow-only tokenizer) raises ExportError naming what is supported.
 """
@@ -20,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +50,8 @@ QWEN2_SPLIT = (
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SUPPORTED_TOKENIZERS = (
-    "byte-level BPE (SmolLM2, Llama 3, Qwen2, GPT-2) and sentencepiece-style BPE with byte fallback (Llama 2, Mistral)"
+    "byte-level BPE (SmolLM2, Llama 3, Qwen2/3, GPT-2) and sentencepiece-style BPE with byte fallback "
+    "(Llama 2, Mistral, Gemma 3)"
 )
 
 # End-of-turn tokens of the chat formats flowrl knows; written as `tokenizer.ggml.eot_token_id`.
@@ -112,27 +120,14 @@ def detect_pre(pre_tokenizer: dict | None) -> str:
     return "default"
 
 
-def _merges(model: dict) -> list[str]:
-    merges = model.get("merges") or []
-    return [m if isinstance(m, str) else " ".join(m) for m in merges]
-
-
 def _looks_special(token: str) -> bool:
-    return (token.startswith("<|") and token.endswith("|>")) or token in ("<pad>", "<mask>")
-
-
-def _special_ids(tok: Any, size: int) -> dict[str, int]:
-    ids: dict[str, int] = {}
-    for kind in ("bos", "eos", "unk", "pad"):
-        value = getattr(tok, f"{kind}_token_id", None)
-        if isinstance(value, int) and 0 <= value < size:
-            ids[kind] = value
-    vocab = tok.get_vocab()
-    for token in EOT_TOKENS:
-        if token in vocab and vocab[token] < size:
-            ids["eot"] = vocab[token]
-            break
-    return ids
+    """The converter's `does_token_look_special`: added tokens some models fail to mark special."""
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+        or (token.startswith("<unused") and token.endswith(">"))
+    )
 
 
 def _adds(tok: Any, ids: dict[str, int]) -> tuple[bool, bool]:
@@ -166,6 +161,7 @@ def _byte_level_tokens(tok: Any, size: int) -> tuple[list[str], list[int]]:
             if (info is not None and info.special) or _looks_special(token):
                 types.append(CONTROL)
             else:
+                token = token.replace("\u2581", " ")  # as the converter: user-defined spaces pre-normalised
                 types.append(USER_DEFINED)
         else:
             types.append(NORMAL)
@@ -173,35 +169,84 @@ def _byte_level_tokens(tok: Any, size: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def _sentencepiece_tokens(tok: Any, size: int) -> tuple[list[str], list[int], list[float]]:
-    reverse = {i: t for t, i in tok.get_vocab().items()}
-    added = tok.get_added_vocab()
-    special = set(tok.all_special_ids)
-    tokens, types, scores = [], [], []
-    for i in range(size):
-        token = reverse.get(i)
-        if token is None:
-            tokens.append(f"[PAD{i}]")
-            types.append(UNUSED)
-            scores.append(-10000.0)
-        elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
-            tokens.append(token)
-            types.append(BYTE)
-            scores.append(0.0)
-        elif i in special:
-            tokens.append(token)
-            types.append(CONTROL)
-            scores.append(0.0)
-        else:
-            tokens.append(token)
-            types.append(USER_DEFINED if token in added else NORMAL)
-            scores.append(-float(i))
+def _llama_hf_tokens(model_dir: Path, tok: Any, size: int) -> tuple[list[str], list[int], list[float]]:
+    """Tokens and types from `gguf.LlamaHfVocab`, scored `-id`, padded with unused tokens up to `size`."""
+    import gguf
+
+    try:
+        vocab = gguf.LlamaHfVocab(model_dir)
+    except (FileNotFoundError, TypeError) as exc:
+        raise ExportError(f"gguf cannot read the byte-fallback tokenizer in {model_dir}: {exc}") from exc
+    tokens: list[str] = []
+    types: list[int] = []
+    scores: list[float] = []
+    for text, _score, token_type in vocab.all_tokens():
+        token = text.decode("utf-8")
+        token_id = len(tokens)
+        if tok.convert_tokens_to_ids(token) != token_id:  # LlamaHfVocab lists added tokens after the base ones
+            raise ExportError(
+                f"token {token!r} of the tokenizer in {model_dir} has id {tok.convert_tokens_to_ids(token)}, "
+                f"not {token_id}: added tokens with gaps in their ids cannot be written as a GGUF vocabulary"
+            )
+        tokens.append(token)
+        types.append(int(token_type))
+        scores.append(0.0 if token_type in (gguf.TokenType.BYTE, gguf.TokenType.CONTROL) else -float(token_id))
+    for i in range(len(tokens), size):
+        tokens.append(f"[PAD{i}]")
+        types.append(UNUSED)
+        scores.append(-10000.0)
     return tokens, types, scores
+
+
+def _add_space_prefix(spec: dict[str, Any]) -> bool:
+    """Whether the tokenizer puts a space (as `▁`) in front of the text, as Llama 2's does and Gemma's does not."""
+    return any(s.get("type") == "Prepend" for s in _flatten(spec.get("normalizer"))) or any(
+        s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never"
+        for s in _flatten(spec.get("pre_tokenizer"))
+    )
+
+
+def special_vocab(tok: Any, model_dir: Path, vocab_size: int) -> Any:
+    """`gguf.SpecialVocab` of `model_dir`, completed with what it cannot read from the files.
+
+    The EOT id of a known chat format is added when SpecialVocab found none, add_bos/add_eos are taken from the
+    tokenizer's behaviour when tokenizer_config.json does not state them, and the chat template from the loaded
+    tokenizer when no file carried one.
+    """
+    import gguf
+
+    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
+    if "eot" not in special.special_token_ids:
+        vocab = tok.get_vocab()
+        for token in EOT_TOKENS:
+            if token in vocab and vocab[token] < vocab_size:
+                special.special_token_ids["eot"] = vocab[token]
+                break
+    add_bos, add_eos = _adds(tok, special.special_token_ids)
+    special.add_special_token.setdefault("bos", add_bos)
+    special.add_special_token.setdefault("eos", add_eos)
+    if special.chat_template is None:
+        template = getattr(tok, "chat_template", None)
+        special.chat_template = template or None
+    return special
+
+
+def _default_template(template: Any) -> str | None:
+    """The default template of SpecialVocab's chat_template (a string, or a list of named templates)."""
+    if isinstance(template, dict):
+        return template.get("default") or next(iter(template.values()), None)
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return template or None
 
 
 def add_tokenizer(writer: Any, model_dir: Path, vocab_size: int) -> VocabInfo:
     """Write the tokenizer of `model_dir` into `writer` (a gguf.GGUFWriter) for a model of `vocab_size`."""
+    model_dir = Path(model_dir)
     tok = load_tokenizer(model_dir)
+    if not (model_dir / "tokenizer.json").is_file():
+        raise ExportError(f"no tokenizer.json in {model_dir}: GGUF export reads the tokenizer from it")
     spec = json.loads(tok.backend_tokenizer.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
@@ -232,38 +277,23 @@ def add_tokenizer(writer: Any, model_dir: Path, vocab_size: int) -> VocabInfo:
         writer.add_token_list(tokens)
         writer.add_token_types(types)
     elif model.get("byte_fallback"):
-        tokens, types, scores = _sentencepiece_tokens(tok, vocab_size)
+        tokens, types, scores = _llama_hf_tokens(model_dir, tok, vocab_size)
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
         writer.add_token_list(tokens)
         writer.add_token_scores(scores)
         writer.add_token_types(types)
-        prepend = any(s.get("type") == "Prepend" for s in _flatten(spec.get("normalizer"))) or any(
-            s.get("type") == "Metaspace" and s.get("prepend_scheme", "always") != "never"
-            for s in _flatten(spec.get("pre_tokenizer"))
-        )
-        writer.add_add_space_prefix(prepend)
+        writer.add_add_space_prefix(_add_space_prefix(spec))
     else:
         raise ExportError(
             f"the BPE tokenizer in {model_dir} is neither byte-level nor byte-fallback; GGUF export "
             f"supports {SUPPORTED_TOKENIZERS}"
         )
 
-    merges = _merges(model)
-    if merges:
-        writer.add_token_merges(merges)
-    info.special_ids = _special_ids(tok, vocab_size)
-    for kind, token_id in info.special_ids.items():
-        getattr(writer, f"add_{kind}_token_id")(token_id)
-    add_bos, add_eos = _adds(tok, info.special_ids)
-    writer.add_add_bos_token(add_bos)
-    writer.add_add_eos_token(add_eos)
-    template = getattr(tok, "chat_template", None)
-    if isinstance(template, dict):  # several named templates: keep the default one
-        template = template.get("default") or next(iter(template.values()), None)
-    if template:
-        writer.add_chat_template(template)
-        info.chat_template = template
-    else:
+    special = special_vocab(tok, model_dir, vocab_size)
+    special.add_to_gguf(writer, quiet=True)
+    info.special_ids = dict(special.special_token_ids)
+    info.chat_template = _default_template(special.chat_template)
+    if not info.chat_template:
         info.warnings.append("the tokenizer has no chat_template: the GGUF carries none, and Ollama needs a TEMPLATE")
     return info
