@@ -110,7 +110,7 @@ def dumps(trace: ExecutionTrace | dict[str, Any]) -> bytes:
 
 @dataclass
 class ReadProblem:
-    path: Path
+    path: Path | str  # a str: a location in a `flowrl.segments.SegmentStore` (a URL, `segment#row`)
     message: str
 
 
@@ -120,12 +120,12 @@ class ReadProblems(list[ReadProblem]):
 
     def __init__(self, problems: Iterable[ReadProblem] = ()) -> None:
         super().__init__()
-        self._paths: set[Path] = set()
+        self._paths: set[Path | str] = set()
         for problem in problems:
             self.add(problem)
 
     def add(self, problem: ReadProblem) -> bool:
-        key = Path(problem.path)
+        key = problem.path if isinstance(problem.path, str) else Path(problem.path)
         if key in self._paths:
             return False
         self._paths.add(key)
@@ -195,35 +195,12 @@ class TraceFilter:
         return all(checks)
 
 
-@dataclass
-class TraceStore:
-    """A folder of traces. Pass it around; `TraceStore.default()` follows `FLOWRL_HOME`."""
+class ProblemRecords:
+    """The `problems` / `operation()` half of a store's API, shared by `TraceStore` and
+    `flowrl.segments.SegmentStore`: what one operation could not read, per thread (`_ops`, set by the store)."""
 
-    root: Path
-    _ops: _Operations = field(default_factory=_Operations, init=False, repr=False, compare=False)
-    _write_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _next_clean: float = field(default=0.0, init=False, repr=False, compare=False)
+    _ops: _Operations
 
-    def __post_init__(self) -> None:
-        self.root = Path(self.root).expanduser()
-        self._index = TraceIndex(self.root)
-        self._tidy()  # leftovers of a crash are cleaned when the store is opened
-
-    @classmethod
-    def default(cls) -> TraceStore:
-        return cls(default_root())
-
-    @property
-    def staging(self) -> Path:
-        return self.root / STAGING
-
-    def _tidy(self) -> None:
-        """Clean stale staging files, at most once per `STALE_STAGING_S` (see `clean_staging`)."""
-        if time.monotonic() >= self._next_clean:
-            self._next_clean = time.monotonic() + STALE_STAGING_S
-            clean_staging(self.staging)
-
-    # -- problems, per operation ------------------------------------------------------------
     @property
     def problems(self) -> ReadProblems:
         """The files skipped as unreadable by the open `operation()`, else by the latest listing."""
@@ -254,6 +231,45 @@ class TraceStore:
             return self._ops.current
         self._ops.last = ReadProblems()
         return self._ops.last
+
+    @staticmethod
+    def _skipper(problems: ReadProblems) -> Callable[[Any, str], None]:
+        """Records a file skipped as unreadable in `problems`, logging it the first time."""
+
+        def skip(path: Any, message: str) -> None:
+            if problems.add(ReadProblem(path, message)):
+                log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
+
+        return skip
+
+
+@dataclass
+class TraceStore(ProblemRecords):
+    """A folder of traces. Pass it around; `TraceStore.default()` follows `FLOWRL_HOME`."""
+
+    root: Path
+    _ops: _Operations = field(default_factory=_Operations, init=False, repr=False, compare=False)
+    _write_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _next_clean: float = field(default=0.0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).expanduser()
+        self._index = TraceIndex(self.root)
+        self._tidy()  # leftovers of a crash are cleaned when the store is opened
+
+    @classmethod
+    def default(cls) -> TraceStore:
+        return cls(default_root())
+
+    @property
+    def staging(self) -> Path:
+        return self.root / STAGING
+
+    def _tidy(self) -> None:
+        """Clean stale staging files, at most once per `STALE_STAGING_S` (see `clean_staging`)."""
+        if time.monotonic() >= self._next_clean:
+            self._next_clean = time.monotonic() + STALE_STAGING_S
+            clean_staging(self.staging)
 
     # -- writing ----------------------------------------------------------------------------
     def path_for(self, trace: ExecutionTrace) -> Path:
@@ -442,16 +458,6 @@ class TraceStore:
         """The run's outcomes in the order they were recorded."""
         _check_id(trace_id)
         return read_outcomes(self.root, trace_id, self._skipper(self.problems))
-
-    @staticmethod
-    def _skipper(problems: ReadProblems) -> Callable[[Path, str], None]:
-        """Records a file skipped as unreadable in `problems`, logging it the first time."""
-
-        def skip(path: Path, message: str) -> None:
-            if problems.add(ReadProblem(path, message)):
-                log.warning("flowrl: skipping %s", message, extra=READ_PROBLEM)
-
-        return skip
 
     def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[Path]:
         """Stored trace files, oldest day first. Outside an `operation()`, a listing starts a fresh

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 DATE_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 RACY_NS = 50_000_000
 STAGING = ".staging"
+SEGMENT_FOLDERS = ("segments", "sidecar")
 STALE_STAGING_S = 3600
 """Age after which a staging file is a leftover: a live write stages, syncs and renames within seconds."""
 
@@ -77,6 +78,8 @@ def day_dirs(root: Path, skip: Skip | None = None) -> list[Path]:
     for entry in _entries(root, skip):
         if entry.is_dir(follow_symlinks=False) and valid_day(entry.name):
             days.append(Path(entry.path))
+        elif entry.name in SEGMENT_FOLDERS and entry.is_dir(follow_symlinks=False):
+            continue  # the columnar layout beside this one (`flowrl.segments`), read by a SegmentStore
         elif skip is not None:
             skip(Path(entry.path), f"{entry.path}: {_not_ours(entry, 'a day folder (YYYY-MM-DD, a real date)')}")
     return days

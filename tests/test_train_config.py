@@ -104,6 +104,23 @@ def test_gpu_profiles_pick_precision_qlora_and_generations() -> None:
     assert not choose_profile(fp16_only_with_bnb).load_in_4bit  # TRL keeps QLoRA adapters in bf16
 
 
+def test_several_cpu_processes_split_the_one_process_batch() -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` without GPUs: DDP over gloo, profile `multi-cpu`, the
+    batch of 4 split in 2 x 2 so a step is the same update as in one process; KTO and GRPO still fit."""
+    two = HardwareInfo(accelerator="cpu", cpu_count=2, world_size=2)
+    assert two.describe() == "CPU only (2 cores, 2 processes)" and CPU.describe() == "CPU only (2 cores)"
+    p = choose_profile(two)
+    assert (p.name, p.per_device_train_batch_size, p.world_size, p.precision) == ("multi-cpu", 2, 2, "fp32")
+    assert any("2 processes" in n for n in p.notes)
+    s = resolve_settings(TrainingConfig(method="kto", dataset=Path("d")), two)
+    assert (s.world_size, s.effective_batch_size) == (2, 4) and s.to_dict()["effective_batch_size"] == 4
+    g = resolve_settings(TrainingConfig(method="grpo", dataset=Path("d")), two)
+    assert g.effective_batch_size % g.num_generations == 0
+    eight = choose_profile(HardwareInfo(accelerator="cpu", cpu_count=16, world_size=8))
+    assert eight.per_device_train_batch_size == 2  # never fewer than 2 rows per process
+    assert resolve_settings(TrainingConfig(method="sft", dataset=Path("d")), CPU).effective_batch_size == 4
+
+
 def test_several_visible_gpus_in_one_process_suggest_accelerate() -> None:
     hw = HardwareInfo(accelerator="cuda", gpu_count=2, gpu_memory_gb=(24.0, 24.0), bf16=True, fp16=True)
     assert any("accelerate launch" in n for n in choose_profile(hw).notes)

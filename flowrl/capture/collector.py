@@ -128,13 +128,19 @@ def _install_process_hooks() -> None:
 
 
 def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
+    """The store to write to: a `TraceStore`, a `SegmentStore` (anything with `write` and `flush`), or a folder
+    or URL opened by `flowrl.store_open.open_store` (segments for `s3://...` or a folder holding `segments/`)."""
     if store is None:
         return TraceStore.default()
     if isinstance(store, TraceStore):
         return store
+    if callable(getattr(store, "write", None)) and callable(getattr(store, "flush", None)):
+        return store  # type: ignore[return-value]  # a SegmentStore: the same writing API
     if isinstance(store, (str, os.PathLike)):
-        return TraceStore(Path(store))
-    raise TypeError(f"store must be a TraceStore or a folder path, not {type(store).__name__}")
+        from flowrl.store_open import open_store
+
+        return open_store(store)  # type: ignore[return-value]
+    raise TypeError(f"store must be a TraceStore, a SegmentStore, a folder or a URL, not {type(store).__name__}")
 
 
 def _check_io_threads(io_threads: Any) -> None:
@@ -627,7 +633,21 @@ class TraceCollector:
             for r in regs:
                 clean = clean and r.failed == r.failed_reported
                 r.failed_reported = r.failed
-            return clean
+        return self._flush_store() and clean
+
+    def _flush_store(self) -> bool:
+        """Make what was written durable where the store buffers (`SegmentStore.flush`; a `TraceStore` has none
+        to do). A failure is logged and counted, and the traces stay in the store's buffer for the next flush."""
+        flush = getattr(self.store, "flush", None)
+        if flush is None:
+            return True
+        try:
+            flush()
+        except Exception as exc:
+            self._own.count("write_errors")
+            self._log_once("store-flush", "flowrl: flushing the store failed (%s)", exc)
+            return False
+        return True
 
     def close(self, timeout: float | None = None) -> bool:
         """Write what is queued (waiting up to `timeout`), then stop the writer thread once the queue is

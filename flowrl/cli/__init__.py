@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.ingest",
     "flowrl.cli.traces",
     "flowrl.cli.dataset",
+    "flowrl.cli.compact",
     "flowrl.cli.score",
     "flowrl.cli.train",
     "flowrl.cli.improve",

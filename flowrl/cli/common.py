@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.console import Console
 
 from flowrl.store import ReadProblem, TraceStore
+from flowrl.store_open import open_store as open_any_store
+
+if TYPE_CHECKING:
+    from flowrl.segments import SegmentStore
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -17,18 +22,21 @@ StoreOption = typer.Option(
     None,
     "--store",
     help=(
-        "Trace store folder (default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, "
-        "else ~/.local/share/flowrl/traces)."
+        "Trace store: a folder, or a URL such as s3://bucket/prefix for columnar segments "
+        "(default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces)."
     ),
 )
 
 
-def open_store(store: Path | None) -> TraceStore:
-    return TraceStore(store) if store is not None else TraceStore.default()
+def open_store(store: Path | str | None) -> Any:
+    """The store `--store` names (`flowrl.store_open.open_store`): a `TraceStore` for a folder of per-trace JSON,
+    a `SegmentStore` for a URL or a folder holding `segments/`. Typed `Any`: both have the API commands use."""
+    return open_any_store(store)
 
 
-def report_problems(source: TraceStore | Iterable[ReadProblem]) -> None:
+def report_problems(source: TraceStore | SegmentStore | Iterable[ReadProblem]) -> None:
     """Name every unreadable file one operation skipped, one line each, on stderr: those of a
     `store.operation()` record, or, given the store, of its latest operation."""
-    for problem in source.problems if isinstance(source, TraceStore) else source:
+    problems = getattr(source, "problems", None)
+    for problem in cast("Iterable[ReadProblem]", problems if problems is not None else source):
         err_console.print(f"[yellow]skipped[/yellow] {problem.message}", markup=True, highlight=False)

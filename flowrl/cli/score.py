@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from typer.core import TyperCommand
 
 from flowrl.cli.common import StoreOption, console, err_console, open_store
 from flowrl.errors import ConfigError
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import DEFAULT_MAX_ERROR_RATE, ErrorBudgetExceeded, ScoreSummary, score_store
+
+LOCAL_RAY = "local"  # what `--ray` alone stands for (flowrl.rewards.ray_scoring.LOCAL, not imported: no ray here)
 
 
 def _fmt(value: float | None) -> str:
@@ -99,10 +103,20 @@ def score_cmd(
         help="Write nothing when more than this share of the (trace, reward) results are errors (a reward crashed). "
         f"Default: max_error_rate in the reward config, else {DEFAULT_MAX_ERROR_RATE:g}.",
     ),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        metavar="[ADDRESS]",
+        help="Compute the rewards on Ray Data workers (one engine and sandbox each); this process writes them. "
+        "Alone: a Ray of its own on 127.0.0.1, stopped after. With an ADDRESS (ray://host:port or host:port): "
+        "that cluster. Needs `pip install 'ray[data]'`.",
+    ),
+    ray_workers: int = typer.Option(2, "--ray-workers", min=1, help="Ray workers (actors) with --ray."),
 ) -> None:
     """Score traces with the reward engine and write rewards, score and label onto each trace.
 
-    A reward that crashes is an error, not "cannot judge": past --max-error-rate nothing is written."""
+    A reward that crashes is an error, not "cannot judge": past --max-error-rate nothing is written. With --ray the
+    rewards are computed on Ray workers and written here, with the same records and rules."""
     if config is not None and not config.is_file():
         raise ConfigError(f"{config}: no such reward config file")
     st = open_store(store)
@@ -126,15 +140,47 @@ def score_cmd(
                 bar.update(task, completed=done, total=total)
 
             try:
-                summary = score_store(
-                    st, engine, rescore_all=all_, progress=progress, workers=workers, max_error_rate=max_error_rate
-                )
+                if ray is None:
+                    summary = score_store(
+                        st, engine, rescore_all=all_, progress=progress, workers=workers, max_error_rate=max_error_rate
+                    )
+                else:  # imported here: without --ray, nothing imports ray
+                    from flowrl.rewards.ray_scoring import score_store_ray
+
+                    summary = score_store_ray(
+                        st,
+                        engine,
+                        address=ray,
+                        ray_workers=ray_workers,
+                        rescore_all=all_,
+                        progress=progress,
+                        workers=workers,
+                        max_error_rate=max_error_rate,
+                    )
             except ErrorBudgetExceeded as exc:
                 bar.stop()
                 print_summary(exc.summary, st.root)
                 raise
+    if callable(getattr(st, "flush", None)):  # a segment store buffers its side records: durable before the summary
+        st.flush()
     print_summary(summary, st.root)
 
 
+class ScoreCommand(TyperCommand):
+    """`flowrl score`, whose `--ray` takes an optional ADDRESS (typer has no such option): given alone, last or
+    before another option, it means a local Ray."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given: list[str] = []
+        for i, arg in enumerate(args):
+            given.append(arg)
+            if arg == "--":
+                given.extend(args[i + 1 :])
+                break
+            if arg == "--ray" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+                given.append(LOCAL_RAY)
+        return super().parse_args(ctx, given)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("score")(score_cmd)
+    app.command("score", cls=ScoreCommand)(score_cmd)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,49 @@ def _progress_bars(show: bool) -> Iterator[None]:
         yield
 
 
+def _first_process_speaks(command: Callable[..., None]) -> Callable[..., None]:
+    """Run `command` under `_other_process_quiet` (a decorator keeps typer's view of its options)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        from flowrl.train.hardware import is_main_process
+
+        with _other_process_quiet(is_main_process()):
+            command(*args, **kwargs)
+
+    return wrapper
+
+
+@contextmanager
+def _other_process_quiet(main: bool) -> Iterator[None]:
+    """Under `accelerate launch` only the first process (rank 0) speaks: in the others flowrl's and the
+    libraries' warnings are dropped and an error ends the process with the exit code the first process gives,
+    without printing it a second time (every process hits the same error on the same files). Errors of TRL or
+    torch still reach the console: the launcher reports a process that failed. One process: nothing changes."""
+    if main:
+        yield
+        return
+    from flowrl.errors import FlowRLError
+
+    flowrl_log = logging.getLogger("flowrl")
+    level = flowrl_log.level
+    flowrl_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except FlowRLError as exc:
+        raise typer.Exit(2) from exc  # the code `flowrl` gives an error; rank 0 has printed it
+    except KeyboardInterrupt as exc:  # a second Ctrl-C: rank 0 says "interrupted"
+        raise typer.Exit(130) from exc
+    finally:
+        flowrl_log.setLevel(level)
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """`console.print` in the processes of `accelerate launch` that do not report (all but the first)."""
+
+
 def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
@@ -65,6 +108,7 @@ def _trl_args(pairs: list[str] | None) -> dict[str, Any] | None:
     return out
 
 
+@_first_process_speaks
 def train(
     method: str | None = typer.Option(None, "--method", "-m", help="grpo, grpo-offline, kto, sft or dpo."),
     dataset: Path | None = typer.Option(
@@ -186,8 +230,10 @@ def train(
     through an agent's own loop (--agent)."""
     _quiet_known_warnings()
     from flowrl.train.config import TrainingConfig, load_config_file
-    from flowrl.train.hardware import detect_hardware
+    from flowrl.train.hardware import detect_hardware, is_main_process
     from flowrl.train.pipeline import TrainingPipeline
+
+    say = console.print if is_main_process() else _silent  # under `accelerate launch` the first process reports
 
     lora_over = {k: v for k, v in (("enabled", lora), ("r", lora_r), ("alpha", lora_alpha)) if v is not None}
     flags: dict[str, Any] = dict(
@@ -240,7 +286,7 @@ def train(
         if cfg.agent is None
         else f"rollouts through agent {cfg.agent}" + (f" on {cfg.dataset}" if cfg.dataset else "")
     )
-    console.print(
+    say(
         f"training [bold]{cfg.method}[/bold] on {cfg.base_model} with {source} ({hardware.describe()})", highlight=False
     )
     with _progress_bars(cfg.progress_bar):
@@ -254,7 +300,7 @@ def train(
 
     status = "interrupted: saved at" if result.interrupted else "done:"
     sps = result.seconds_per_step
-    console.print(
+    say(
         f"{status} step {result.global_step} in {result.train_seconds:.1f} s"
         + (f" ({sps:.2f} s/step)" if sps else "")
         + f", profile {result.settings['profile']}",
@@ -262,31 +308,29 @@ def train(
     )
     metrics = {k: v for k, v in result.last_metrics.items() if k not in ("step", "epoch", "time", "elapsed_s")}
     if metrics:
-        console.print(
+        say(
             "last step: "
             + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
             highlight=False,
         )
     out = result.output_dir
-    console.print(
-        f"adapter and tokenizer: {out}; metrics: {out / 'metrics.jsonl'}; card: {out / 'README.md'}", highlight=False
-    )
+    say(f"adapter and tokenizer: {out}; metrics: {out / 'metrics.jsonl'}; card: {out / 'README.md'}", highlight=False)
     if result.merged_dir:
-        console.print(f"merged model: {result.merged_dir}", highlight=False)
+        say(f"merged model: {result.merged_dir}", highlight=False)
     if cfg.agent is not None:
         rollouts = result.info.get("rollouts") or {}
-        console.print(
+        say(
             f"rollouts: {rollouts.get('written', 0)} traces in {cfg.resolved_store} (source train), "
             f"{rollouts.get('tool_calls', 0)} tool calls executed",
             highlight=False,
         )
     if result.interrupted:  # a script tells a stopped run from a finished one by the exit code, as for Ctrl-C
-        console.print("next: the same command with --resume continues it", highlight=False)
+        say("next: the same command with --resume continues it", highlight=False)
         raise typer.Exit(130)
     if cfg.agent == "example":
-        console.print(f"next: flowrl eval --model {out} --agent example", highlight=False)
+        say(f"next: flowrl eval --model {out} --agent example", highlight=False)
     elif cfg.agent is None:
-        console.print(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
+        say(f"next: flowrl eval --model {out} --prompts {cfg.dataset}", highlight=False)
 
 
 def _fmt(v: float | None) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -101,7 +101,9 @@ class _Source:
     """A store or an in-memory list of traces, read with the filters; `load(ref)` reads a trace again."""
 
     def __init__(self, source: TraceStore | Iterable[ExecutionTrace], filters: DatasetFilter, stats: BuildStats):
-        self.store = source if isinstance(source, TraceStore) else None
+        # a TraceStore or a SegmentStore (same reading API); anything else is an iterable of traces
+        is_store = isinstance(source, TraceStore) or hasattr(source, "read_path")
+        self.store: TraceStore | None = cast(TraceStore, source) if is_store else None
         self.traces = None if self.store is not None else list(source)  # type: ignore[arg-type]
         self.flt = filters.trace_filter()
         self.stats = stats

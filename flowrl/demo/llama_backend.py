@@ -22,7 +22,6 @@ evaluates the new tokens.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import logging
@@ -30,12 +29,12 @@ import os
 import shutil
 import tempfile
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError, FlowRLError
+from flowrl.export.llama_quiet import ignore_llama_devnull
 from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
@@ -46,22 +45,6 @@ INSTALL_HINT = (
 )
 
 
-def _ignore_llama_devnull() -> None:
-    """llama_cpp opens two /dev/null files at import and never closes them: a ResourceWarning at interpreter exit,
-    not ours. The filter is added now and again at exit (a `warnings.catch_warnings()` block around the backend's
-    creation, as `flowrl demo` has, would have dropped it by then)."""
-
-    def ignore() -> None:
-        warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
-
-    ignore()
-    global _EXIT_FILTER
-    if not _EXIT_FILTER:
-        atexit.register(ignore)
-        _EXIT_FILTER = True
-
-
-_EXIT_FILTER = False
 _THREAD: ThreadPoolExecutor | None = None  # the one thread that runs llama.cpp (see the module docstring)
 _THREAD_LOCK = threading.Lock()
 
@@ -141,7 +124,7 @@ class LlamaCppBackend(TokensInBackend):
         n_ctx: int = 4096,
         n_threads: int | None = None,
     ) -> None:
-        _ignore_llama_devnull()
+        ignore_llama_devnull()
         try:
             import llama_cpp
         except ImportError as exc:

@@ -68,9 +68,9 @@ LLAMA_CONVERSION_TOLERANCES: dict[str, float] = {
 
 def require_llama_cpp() -> Any:
     """The `llama_cpp` module, or an ExportError (one line) saying how to install it: never a silent fall-back."""
-    from flowrl.demo.llama_backend import _ignore_llama_devnull
+    from flowrl.export.llama_quiet import ignore_llama_devnull
 
-    _ignore_llama_devnull()
+    ignore_llama_devnull()
     try:
         import llama_cpp
     except ImportError as exc:

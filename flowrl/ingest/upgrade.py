@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flowrl.errors import SchemaError, StoreError
@@ -92,7 +93,8 @@ class StoreUpgrader:
         if richness(stored) >= rank:
             return False
         path = self.store.find(trace_id)
-        day = path.parent.name if path is not None else None
+        # the day it is filed under: a JSON file's folder, or a segment's `date=` partition (a SegmentStore's str)
+        day = Path(str(path)).parent.name.removeprefix("date=") if path is not None else None
 
         def change(trace: ExecutionTrace) -> None:
             if richness(trace) >= rank:  # another writer was first

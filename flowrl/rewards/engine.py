@@ -107,14 +107,20 @@ class RewardEngine:
         self.threshold = threshold
         self.source = "<defaults>"
         self.max_error_rate: float | None = None  # the config's; `flowrl score --max-error-rate` wins over it
+        # the config it was built from (`from_config`): what `flowrl score --ray` builds each worker's engine from
+        self.config: EngineConfig | None = None
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> RewardEngine:
         """An engine from a TOML or YAML file; the defaults when `path` is None."""
-        cfg = load_config(path) if path is not None else default_config()
+        return cls.from_engine_config(load_config(path) if path is not None else default_config())
+
+    @classmethod
+    def from_engine_config(cls, cfg: EngineConfig) -> RewardEngine:
+        """An engine from a loaded config (what `flowrl score --ray` sends each worker instead of a file path)."""
         rewards, weights = build_rewards(cfg)
         engine = cls(rewards, weights, cfg.threshold)
-        engine.source, engine.max_error_rate = cfg.source, cfg.max_error_rate
+        engine.source, engine.max_error_rate, engine.config = cfg.source, cfg.max_error_rate, cfg
         return engine
 
     @property

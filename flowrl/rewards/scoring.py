@@ -13,17 +13,21 @@ is written. When more than `max_error_rate` (1% by default) of the (trace, rewar
 as soon as the budget can no longer be met. Within the budget, the traces are written; a trace with an error
 gets its other rewards, the error in `reward_details[name]["error"]`, no combined score and no engine label;
 `rescore_all` (`flowrl score --all`) scores it again once the reward is fixed.
+
+The per-trace steps are shared with the Ray path (`flowrl.rewards.ray_scoring`, `flowrl score --ray`), which only
+moves the computing elsewhere: `consider` (count a trace, pick it for scoring), `pack` (batches of whole task
+groups), `Tally` (count results, the error budget) and `write_back` (read again, keep a manual label, update).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.rewards.engine import Results, RewardEngine
@@ -171,18 +175,117 @@ def apply_results(trace: ExecutionTrace, results: Results, engine: RewardEngine)
     return trace
 
 
-def _batches(items: list[tuple[str, Path]], size: int) -> list[list[Path]]:
-    """Pack whole groups (same task) into batches of about `size` paths; a big group gets its own batch."""
-    groups: dict[str, list[Path]] = {}
-    for key, path in items:
-        groups.setdefault(key, []).append(path)
-    batches: list[list[Path]] = []
-    current: list[Path] = []
-    for paths in groups.values():
-        if current and len(current) + len(paths) > size:
+def consider(
+    trace: ExecutionTrace,
+    engine: RewardEngine,
+    summary: ScoreSummary,
+    rescore_all: bool,
+    labelled: list[ExecutionTrace] | None,
+) -> bool:
+    """Count one trace read from the store; True when it is to be scored. A manual label goes to `labelled`
+    (the traces `engine.prepare` learns from) when that list is given. Shared by every way of scoring."""
+    summary.seen += 1
+    if labelled is not None and is_manual_label(trace):
+        labelled.append(trace)
+    if rescore_all or needs_scoring(trace, engine):
+        return True
+    summary.skipped += 1
+    return False
+
+
+def new_summary(engine: RewardEngine, max_error_rate: float) -> ScoreSummary:
+    """An empty summary for a run of `engine`; ConfigError when the error budget is not a share."""
+    if not 0 <= max_error_rate <= 1:
+        raise ConfigError(f"max_error_rate must be between 0 and 1, got {max_error_rate}")
+    return ScoreSummary(weights=dict(engine.weights), max_error_rate=max_error_rate)
+
+
+Key = TypeVar("Key")
+
+
+class Tally(Generic[Key]):
+    """Counts computed results as they arrive, keeps them for the write, and says when the error budget can no
+    longer be met (`hopeless`: compute no more). `key` is whatever the write-back reads the trace again by."""
+
+    def __init__(
+        self, summary: ScoreSummary, engine: RewardEngine, total: int, progress: Progress | None = None
+    ) -> None:
+        self.summary, self.progress = summary, progress
+        self.total, self.done = total, 0
+        self.planned = total * len(engine.names)
+        self.computed: list[tuple[Key, Results]] = []
+        summary.todo = total
+        if progress:
+            progress(0, total)
+
+    def add(self, items: Iterable[tuple[Key, Results | None, str | None]]) -> None:
+        """Count one batch of (key, results, error); results None: the trace could not be read."""
+        for key, results, error in items:
+            self.done += 1
+            if results is None:
+                self.summary.failed += 1
+                self.summary.errors.append(error or "unknown error")
+            else:
+                self.summary.add_results(results)
+                self.computed.append((key, results))
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    @property
+    def hopeless(self) -> bool:
+        """The budget is blown whatever the rest of the results are."""
+        return self.summary.over_budget(self.planned)
+
+    def finish(self) -> list[tuple[Key, Results]]:
+        """What to write; ErrorBudgetExceeded (nothing to write) when the computed results are over budget."""
+        if self.summary.over_budget():
+            raise ErrorBudgetExceeded(self.summary)
+        return self.computed
+
+
+def write_back(
+    store: TraceStore,
+    engine: RewardEngine,
+    summary: ScoreSummary,
+    computed: list[tuple[Key, Results]],
+    reread: Callable[[Key], ExecutionTrace],
+    workers: int = 4,
+) -> None:
+    """Write each trace's results with `store.update`, onto a copy read again right before (`reread(key)`), so
+    a label given while scoring ran survives; counts what was written or failed in `summary`."""
+
+    def write(key: Key, results: Results) -> tuple[ExecutionTrace | None, str | None]:
+        try:
+            fresh = reread(key)  # a label given meanwhile must survive
+        except FlowRLError as exc:
+            return None, str(exc)
+        try:
+            store.update(apply_results(fresh, results, engine))
+        except FlowRLError as exc:
+            return None, str(exc)
+        return fresh, None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for (_, results), (written, error) in zip(computed, pool.map(lambda item: write(*item), computed)):
+            if written is None:
+                summary.failed += 1
+                summary.errors.append(error or "unknown error")
+            else:
+                summary.add(written, results)
+
+
+def pack(items: list[tuple[str, Key]], size: int) -> list[list[Key]]:
+    """Pack whole groups (same task) into batches of about `size` items; a big group gets its own batch."""
+    groups: dict[str, list[Key]] = {}
+    for group, item in items:
+        groups.setdefault(group, []).append(item)
+    batches: list[list[Key]] = []
+    current: list[Key] = []
+    for members in groups.values():
+        if current and len(current) + len(members) > size:
             batches.append(current)
             current = []
-        current.extend(paths)
+        current.extend(members)
         if len(current) >= size:
             batches.append(current)
             current = []
@@ -204,36 +307,24 @@ def score_store(
 
     Computes every result first; raises ErrorBudgetExceeded, having written nothing, when more than
     `max_error_rate` of the (trace, reward) results are errors (a reward crashed)."""
-    if not 0 <= max_error_rate <= 1:
-        raise ConfigError(f"max_error_rate must be between 0 and 1, got {max_error_rate}")
-    summary = ScoreSummary(weights=dict(engine.weights), max_error_rate=max_error_rate)
+    summary = new_summary(engine, max_error_rate)
     todo: list[tuple[str, Path]] = []
-    labelled: list[ExecutionTrace] = []
-    prepare = engine.needs_preparation()
+    labelled: list[ExecutionTrace] | None = [] if engine.needs_preparation() else None
     for path in store.iter_paths():
         try:
             trace = store.read_path(path)
         except SchemaError as exc:
             summary.problems.append(str(exc))
             continue
-        summary.seen += 1
-        if prepare and is_manual_label(trace):
-            labelled.append(trace)
-        if rescore_all or needs_scoring(trace, engine):
+        if consider(trace, engine, summary, rescore_all, labelled):
             todo.append((group_key(trace), path))
-        else:
-            summary.skipped += 1
-    if prepare:
+    if labelled is not None:
         summary.prepared = engine.prepare(labelled)
         labelled.clear()
 
-    batches = _batches(todo, max(1, batch_size))
-    total, done = len(todo), 0
-    summary.todo = total
-    planned = total * len(engine.names)
+    batches = pack(todo, max(1, batch_size))
+    tally: Tally[Path] = Tally(summary, engine, len(todo), progress)
     hopeless = threading.Event()  # the budget is already blown: compute no more
-    if progress:
-        progress(0, total)
 
     def compute(paths: list[Path]) -> list[tuple[Path, Results | None, str | None]]:
         if hopeless.is_set():
@@ -249,41 +340,11 @@ def score_store(
         out.extend((path, results, None) for path, results in zip(kept, engine.compute_batch(traces)))
         return out
 
-    computed: list[tuple[Path, Results]] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(compute, b) for b in batches]
         for fut in as_completed(futures):
-            for path, results, error in fut.result():
-                done += 1
-                if results is None:
-                    summary.failed += 1
-                    summary.errors.append(error or "unknown error")
-                else:
-                    summary.add_results(results)
-                    computed.append((path, results))
-            if summary.over_budget(planned):
+            tally.add(fut.result())
+            if tally.hopeless:
                 hopeless.set()
-            if progress:
-                progress(done, total)
-    if summary.over_budget():
-        raise ErrorBudgetExceeded(summary)
-
-    def write(path: Path, results: Results) -> tuple[ExecutionTrace | None, str | None]:
-        try:
-            fresh = store.read_path(path)  # a label given meanwhile must survive
-        except SchemaError as exc:
-            return None, str(exc)
-        try:
-            store.update(apply_results(fresh, results, engine))
-        except FlowRLError as exc:
-            return None, str(exc)
-        return fresh, None
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for (_, results), (written, error) in zip(computed, pool.map(lambda item: write(*item), computed)):
-            if written is None:
-                summary.failed += 1
-                summary.errors.append(error or "unknown error")
-            else:
-                summary.add(written, results)
+    write_back(store, engine, summary, tally.finish(), store.read_path, workers)
     return summary

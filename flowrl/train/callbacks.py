@@ -13,7 +13,9 @@ when training ends, has `"summary": true` and TRL's run totals. Only the main pr
 appends to the same file.
 
 `GracefulInterrupt` turns the first Ctrl-C (SIGINT) into "finish this step, save a checkpoint, stop";
-a second Ctrl-C interrupts at once.
+a second Ctrl-C interrupts at once. Under `accelerate launch` the launcher passes one SIGINT on to every
+process, each at its own moment: the processes agree after every step (one all-reduce of a flag), so all stop
+after the same step and save one checkpoint together instead of one waiting forever for the other.
 """
 
 from __future__ import annotations
@@ -111,11 +113,30 @@ class MetricsLogger(TrainerCallback):
             self._fh = None
 
 
-class GracefulInterrupt(TrainerCallback):
-    """First SIGINT: save at the end of the current step and stop. Second: KeyboardInterrupt right away."""
+def _any_process(flag: bool) -> bool:
+    """`flag` or-ed over every process of the run (an all-reduce); `flag` itself when there is one process."""
+    import torch
+    import torch.distributed as dist
 
-    def __init__(self) -> None:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    from accelerate import PartialState
+
+    # on the process's own device: NCCL reduces GPU tensors only, gloo CPU ones
+    value = torch.tensor([1 if flag else 0], dtype=torch.int64, device=PartialState().device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class GracefulInterrupt(TrainerCallback):
+    """First SIGINT: save at the end of the current step and stop. Second: KeyboardInterrupt right away.
+
+    With several processes the decision is shared after every step (`_any_process`): a Ctrl-C seen by one
+    process stops them all after the same step."""
+
+    def __init__(self, *, announce: bool = True) -> None:
         self.requested = False
+        self.announce = announce  # only the main process says so on the console
         self._previous: Any = None
         self._installed = False
 
@@ -136,9 +157,12 @@ class GracefulInterrupt(TrainerCallback):
             self.uninstall()
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("flowrl: interrupted: saving a checkpoint after this step (Ctrl-C again to stop at once)")
+        if self.announce:
+            log.warning("flowrl: interrupted: saving a checkpoint after this step (Ctrl-C again to stop at once)")
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+        if getattr(args, "world_size", 1) > 1:
+            self.requested = _any_process(self.requested)
         if self.requested:
             control.should_save = True
             control.should_training_stop = True

@@ -85,6 +85,7 @@ def render_training_card(record: dict[str, Any], rows: list[dict[str, Any]]) -> 
         f"{'on' if settings.get('gradient_checkpointing') else 'off'}",
         f"- batch {settings.get('per_device_train_batch_size')} per device x {settings.get('world_size', 1)} processes "
         f"x accumulation {settings.get('gradient_accumulation_steps')}"
+        + (f" = {settings['effective_batch_size']} rows per step" if settings.get("effective_batch_size") else "")
         + (f"; {settings.get('num_generations')} completions per prompt" if cfg["method"].startswith("grpo") else ""),
         f"- time: {res['train_seconds']:.1f} s" + (f", {sps:.2f} s per step" if sps else ""),
         "",

@@ -7,6 +7,7 @@ gradient accumulation, generations per prompt, precision, lengths, gradient chec
 | profile | when | batch/device | accumulation | generations | precision | checkpointing |
 |---|---|---|---|---|---|---|
 | `cpu` | no GPU | 4 | 1 | 4 | fp32 | off |
+| `multi-cpu` | no GPU, several processes (DDP over gloo) | 4 / processes, 2 at least | 1 | 4 | fp32 | off |
 | `single-gpu` | one process on a GPU | 2 to 8 by memory | 4 | 8 | bf16, else fp16 | on |
 | `multi-gpu` | several processes (`accelerate launch`) | 2 to 8 by memory | 2 | 8 | bf16, else fp16 | on |
 
@@ -27,7 +28,7 @@ from flowrl.errors import require
 
 log = logging.getLogger(__name__)
 
-ProfileName = Literal["cpu", "single-gpu", "multi-gpu"]
+ProfileName = Literal["cpu", "multi-cpu", "single-gpu", "multi-gpu"]
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,13 @@ class HardwareInfo:
         return asdict(self)
 
     def describe(self) -> str:
+        procs = f", {self.world_size} processes" if self.world_size > 1 else ""
         if self.accelerator == "cpu":
-            return f"CPU only ({self.cpu_count} cores)"
+            return f"CPU only ({self.cpu_count} cores{procs})"
         if self.accelerator == "mps":
-            return "Apple MPS"
+            return f"Apple MPS{procs}"
         names = ", ".join(sorted(set(self.gpu_names))) or "GPU"
         mem = f", {min(self.gpu_memory_gb):.0f} GiB each" if self.gpu_memory_gb else ""
-        procs = f", {self.world_size} processes" if self.world_size > 1 else ""
         return f"{self.gpu_count} x {names}{mem}{procs}"
 
 
@@ -75,6 +76,19 @@ class HardwareProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def process_rank() -> int:
+    """This process's rank under `accelerate launch` / `torchrun` (their `RANK`), 0 when launched alone.
+
+    Read from the environment, so the CLI can keep its console output to the first process before any
+    process group exists (the trainer creates it later)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def is_main_process() -> bool:
+    """True in the one process that prints and writes the run's files (rank 0, or a run without a launcher)."""
+    return process_rank() == 0
 
 
 def detect_hardware() -> HardwareInfo:
@@ -119,10 +133,19 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
     """The defaults for this machine. `lora` matters for QLoRA (4-bit loading is for adapters only)."""
     if hw.accelerator != "cuda":
         # CPU (and MPS, where mixed precision is unreliable): small and fp32. GRPO generates 4 completions of one
-        # prompt per step; KTO gets the batch of more than one it needs for its KL estimate.
+        # prompt per step; KTO gets the batch of more than one it needs for its KL estimate. Several processes
+        # (DDP over gloo) split the one-process batch of 4 between them, so a step is the same update as in one
+        # process (2 x 2 for two), with at least 2 rows per process.
+        world = max(1, hw.world_size)
+        cpu_notes: tuple[str, ...] = ()
+        if world > 1:
+            cpu_notes = (
+                f"{world} processes on the CPU (DDP over gloo): batch {max(2, 4 // world)} per process, "
+                f"{max(2, 4 // world) * world} per step",
+            )
         return HardwareProfile(
-            name="cpu",
-            per_device_train_batch_size=4,
+            name="multi-cpu" if world > 1 else "cpu",
+            per_device_train_batch_size=max(2, 4 // world),
             gradient_accumulation_steps=1,
             num_generations=4,
             precision="fp32",
@@ -131,7 +154,8 @@ def choose_profile(hw: HardwareInfo, *, lora: bool = True) -> HardwareProfile:
             load_in_4bit=False,
             max_length=1024,  # agent rows with tool schemas and a system prompt pass 512 tokens
             max_completion_length=96,
-            world_size=1,
+            world_size=world,
+            notes=cpu_notes,
         )
     memory = min(hw.gpu_memory_gb) if hw.gpu_memory_gb else 16.0
     batch = 8 if memory >= 40 else 4 if memory >= 16 else 2
@@ -168,9 +192,14 @@ class RunSettings(HardwareProfile):
     def profile(self) -> ProfileName:
         return self.name
 
+    @property
+    def effective_batch_size(self) -> int:
+        """Rows per optimizer step over every process: batch per device x processes x accumulation."""
+        return self.per_device_train_batch_size * self.world_size * self.gradient_accumulation_steps
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        return {"profile": data.pop("name"), **data}
+        return {"profile": data.pop("name"), **data, "effective_batch_size": self.effective_batch_size}
 
 
 def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | None = None) -> RunSettings:

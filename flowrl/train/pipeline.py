@@ -118,12 +118,16 @@ def _set_aside_interrupted(out: Path) -> None:
         )
 
 
-def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
+def prepare_output_dir(config: TrainingConfig, *, tidy: bool = True) -> tuple[Path, str | None]:
     """Check the output folder against --resume/--overwrite; returns it and the checkpoint to resume from.
 
     Every state a Ctrl-C can leave has one command that works: a complete checkpoint is resumed with
     --resume; a folder an interrupted run left with no checkpoint and no saved model (only its log) is started
-    again by the same command, its log kept aside; a saved run without checkpoints needs --overwrite."""
+    again by the same command, its log kept aside; a saved run without checkpoints needs --overwrite.
+
+    `tidy=False` checks and answers the same but changes nothing on disk: the other processes of an
+    `accelerate launch` run, after the main process has tidied the folder, so no file is removed or renamed
+    twice."""
     out = config.resolved_output_dir
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output-dir {out} is a file: give a folder")
@@ -156,6 +160,8 @@ def prepare_output_dir(config: TrainingConfig) -> tuple[Path, str | None]:
                 f"{out} already holds a run ({found.name}): pass --resume to continue it, "
                 "--overwrite to start over, or another --output-dir"
             )
+    if not tidy:
+        return out, None
     if config.overwrite and out.is_dir():
         for ckpt in out.glob("checkpoint-*"):
             shutil.rmtree(ckpt)
@@ -243,12 +249,14 @@ class RLTrainer:
         cap = choose_profile(self.hardware, lora=config.lora.enabled).num_generations
         return config.model_copy(update={"num_generations": max(2, min(size, cap))})
 
-    def build(self, output_dir: Path) -> Any:
+    def build(self, output_dir: Path, *, announce: bool = True) -> Any:
+        """TRL's trainer with flowrl's callbacks; `announce=False` (processes other than the first) keeps the
+        Ctrl-C message off the console."""
         from flowrl.train.callbacks import GracefulInterrupt, MetricsLogger, StepTimer
         from flowrl.train.trainers import build_trl_trainer
 
         self.metrics = MetricsLogger(output_dir / METRICS_FILE)
-        self.interrupt = GracefulInterrupt()
+        self.interrupt = GracefulInterrupt(announce=announce)
         self.timer = StepTimer()
         callbacks = [self.metrics, self.interrupt, self.timer, *self.extra_callbacks]
         try:
@@ -272,11 +280,20 @@ class RLTrainer:
     def train(self) -> TrainResult:
         from accelerate import PartialState
 
-        with PartialState().main_process_first():  # under `accelerate launch`, rank 0 tidies the folder first
-            output_dir, resume_from = prepare_output_dir(self.config)
-        for note in self.settings.notes:
-            log.warning("flowrl: %s", note)
-        trainer = self.build(output_dir)
+        state = PartialState()
+        # under `accelerate launch` rank 0 checks and tidies the folder first; the others then only check it
+        with state.main_process_first():
+            output_dir, resume_from = prepare_output_dir(self.config, tidy=state.is_main_process)
+        if state.is_main_process:
+            for note in self.settings.notes:
+                log.warning("flowrl: %s", note)
+        trainer = self.build(output_dir, announce=state.is_main_process)
+        if state.num_processes > 1:  # the record shows the run really had its processes (a group needs them all)
+            self.info["distributed"] = {
+                "processes": state.num_processes,
+                "backend": state.backend,
+                "type": str(state.distributed_type.value),
+            }
         _check_rows_left(trainer, self.config, self.settings)
         start_step = 0
         if resume_from:

@@ -156,6 +156,12 @@ def trl_config_kwargs(
         dataloader_pin_memory=not settings.use_cpu,
         model_init_kwargs={"dtype": model_dtype(settings)},
     )
+    if settings.world_size > 1:
+        # Several processes (DDP). A LoRA or full fine-tune of a causal LM uses every trainable weight in each
+        # forward pass, so DDP need not search the graph for unused ones; transformers asks it to whenever
+        # gradient checkpointing is off (the CPU profile), which costs an extra traversal per step and prints a
+        # warning from every process. The other processes log only errors (the first one logs for the run).
+        kwargs.update(ddp_find_unused_parameters=False, log_level_replica="error")
     method = config.method
     encoding = _encoding(method)
     if _is_grpo(method):

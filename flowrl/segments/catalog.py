@@ -1,0 +1,320 @@
+"""What a segment store's root holds, kept current by listing it: the reading half of `SegmentStore`.
+
+Segments and side objects are immutable, so each is opened once per process (a listing reads only the objects
+that are new since the last); per-trace JSON files (the `TraceStore` layout, read too) may be rewritten or
+removed, so they are listed afresh each time. Which copy is a trace: the newest of that id over every segment
+row (`written_ns`) and JSON file (its mtime, on a local root; 0 elsewhere), a segment winning a tie: a store
+being compacted holds both, and a JSON file rewritten after it was compacted is newer than its segment copy.
+Everything that is not the store's (a file named like a segment that is not one, a wrong schema, a stray
+object, a link) is reported through `skip`, in every listing that meets it, and never read as a trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from flowrl.errors import SchemaError
+from flowrl.schema import ExecutionTrace, load_trace
+from flowrl.segments import names
+from flowrl.segments.format import NotASegment, Segment
+from flowrl.segments.fs import Root
+from flowrl.segments.sidecar import SideView, parse
+from flowrl.store_index import day_dirs, trace_files, valid_day
+from flowrl.store_outcomes import ids_with_outcomes
+
+Skip = Callable[[str, str], None]
+_SEGMENT_REF = re.compile(r"^(?P<location>.*\.parquet)#(?P<row>\d+)$")
+_OPEN_SEGMENTS = 8
+_DECODED_GROUPS = 16
+
+
+@dataclass(frozen=True, order=True)
+class Ref:
+    """Where one trace's stored copy is: a segment row (`row` >= 0) or a JSON file (`row` -1). Orders by rank:
+    (written time in ns, 1 for a segment or 0 for JSON, location)."""
+
+    rank: tuple[int, int, str]
+    path: str = field(compare=False)
+    row: int = field(compare=False)
+    day: str = field(compare=False)
+
+
+@dataclass
+class ScanStats:
+    """What listings cost, for tests and benchmarks: segment files opened, `trace` row groups decoded."""
+
+    segments_opened: int = 0
+    row_groups_read: int = 0
+
+
+@dataclass
+class _SegmentIds:
+    day: str
+    ids: list[str]
+    written: list[int]
+
+
+class Catalog:
+    """The index of one root. Thread-safe: one lock around listing and decoding."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self.lock = threading.RLock()
+        self.view = SideView()
+        self.stats = ScanStats()
+        self._segments: dict[str, _SegmentIds] = {}
+        self._bad: dict[str, str] = {}
+        self._side_seen: set[str] = set()
+        self.legacy_outcome_ids: set[str] = set()  # ids with `.outcomes/{id}.jsonl` under a local root
+        self._seg_best: dict[str, Ref] = {}
+        self._json: dict[str, Ref] = {}  # trace id -> JSON file (ids no segment holds are the winners)
+        self._open: OrderedDict[str, tuple[Any, Segment]] = OrderedDict()
+        self._groups: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
+
+    # -- refresh -------------------------------------------------------------------------------------
+    def refresh(self, skip: Skip) -> None:
+        """List the root again: open new segments and side objects, re-list JSON files."""
+        with self.lock:
+            self._refresh_segments(skip)
+            self._refresh_sidecar(skip)
+            self._json = self._list_json(skip)
+            if self.root.local:
+                self.legacy_outcome_ids = ids_with_outcomes(Path(self.root.path))
+
+    def mark_side_seen(self, path: str) -> None:
+        """A side object this process wrote and already holds in `view` (not to be read twice)."""
+        with self.lock:
+            self._side_seen.add(path)
+
+    def _objects(self, kind: str, skip: Skip) -> Iterator[tuple[str, str]]:
+        """`(day, path)` of every object under `{root}/{kind}` with a final name; the rest go to `skip`."""
+        ext = names.EXTENSIONS[kind]
+        for day, folder in self.root.walk_partitions(kind, skip):
+            where = self.root.display(folder.path)
+            if day is None:
+                skip(where, f"{where}: not a date=YYYY-MM-DD partition of {kind}/, skipped")
+                continue
+            folders, files = self.root.listdir(folder.path, skip)
+            for sub in folders:
+                skip(
+                    self.root.display(sub.path), f"{self.root.display(sub.path)}: a folder inside a partition, skipped"
+                )
+            for f in sorted(files, key=lambda e: e.name):
+                if names.parse_object(f.name, ext) is None:
+                    where = self.root.display(f.path)
+                    skip(where, f"{where}: not a {kind} object name (writer-seq-random.{ext}), skipped")
+                else:
+                    yield day, f.path
+
+    def _refresh_segments(self, skip: Skip) -> None:
+        listed = set()
+        for day, path in self._objects(names.SEGMENTS, skip):
+            listed.add(path)
+            if path in self._segments:
+                continue
+            if path not in self._bad:
+                try:
+                    segment = self._segment(path)
+                    cols = segment.columns(["trace_id", "written_ns"])
+                    ids = self._segments[path] = _SegmentIds(day, cols["trace_id"], cols["written_ns"])
+                    self._add_best(path, ids)
+                    continue
+                except (NotASegment, OSError) as exc:
+                    self._bad[path] = str(exc) if isinstance(exc, NotASegment) else f"{path}: cannot read: {exc}"
+            skip(self.root.display(path), self._bad[path])
+        gone = set(self._segments) - listed
+        if gone:  # removed by hand: the index is rebuilt without them
+            for path in gone:
+                del self._segments[path]
+            self._seg_best = {}
+            for path, ids in self._segments.items():
+                self._add_best(path, ids)
+
+    def _add_best(self, path: str, ids: _SegmentIds) -> None:
+        for row, (tid, ns) in enumerate(zip(ids.ids, ids.written, strict=True)):
+            ref = Ref((int(ns or 0), 1, path), path, row, ids.day)
+            best = self._seg_best.get(tid)
+            if best is None or best < ref:
+                self._seg_best[tid] = ref
+
+    def _refresh_sidecar(self, skip: Skip) -> None:
+        for _day, path in self._objects(names.SIDECAR, skip):
+            if path in self._side_seen:
+                continue
+            where = self.root.display(path)
+            try:
+                data = self.root.read(path)
+            except OSError as exc:
+                skip(where, f"{where}: cannot read: {exc}")
+                continue
+            self._side_seen.add(path)
+            self.view.add(parse(data, where, skip))
+
+    def _list_json(self, skip: Skip) -> dict[str, Ref]:
+        """The per-trace JSON files under `{root}/YYYY-MM-DD/`, by the id their name gives."""
+        out: dict[str, Ref] = {}
+        if self.root.local:
+
+            def local_skip(path: Path, message: str) -> None:
+                skip(str(path), message)
+
+            for day in day_dirs(Path(self.root.path), local_skip):
+                for f in trace_files(day, local_skip):
+                    try:
+                        mtime = os.lstat(f).st_mtime_ns
+                    except OSError:  # removed meanwhile
+                        continue
+                    out[f.stem] = Ref((mtime, 0, str(f)), str(f), -1, day.name)
+            return out
+        folders, _files = self.root.listdir(self.root.path, skip)
+        for folder in folders:
+            if valid_day(folder.name):
+                for entry in self.root.listdir(folder.path, skip)[1]:
+                    if entry.name.endswith(".json"):
+                        out[entry.name[: -len(".json")]] = Ref((0, 0, entry.path), entry.path, -1, folder.name)
+        return out
+
+    # -- lookups -------------------------------------------------------------------------------------
+    def find(self, trace_id: str) -> Ref | None:
+        with self.lock:
+            return self._winner(trace_id)
+
+    def _winner(self, trace_id: str) -> Ref | None:
+        seg, js = self._seg_best.get(trace_id), self._json.get(trace_id)
+        if seg is None or js is None:
+            return seg or js
+        return max(seg, js)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self._seg_best.keys() | self._json.keys())
+
+    def json_files(self) -> list[tuple[str, Ref, bool]]:
+        """Every JSON file as `(trace_id, ref, current)`: `current` when it is the copy read of its trace, not
+        one a newer segment row supersedes (what compaction copies, and what it may remove)."""
+        with self.lock:
+            return sorted(((tid, r, self._winner(tid) is r) for tid, r in self._json.items()), key=lambda x: x[0])
+
+    def segment_ids(self) -> dict[str, Ref]:
+        """Every trace id some segment holds, with its newest row."""
+        with self.lock:
+            return dict(self._seg_best)
+
+    def days(self) -> list[str]:
+        with self.lock:
+            return sorted({ids.day for ids in self._segments.values()} | {ref.day for ref in self._json.values()})
+
+    def refs(self, day: str, keep: Callable[[Segment, str], list[bool] | None] | None = None) -> Iterator[Ref]:
+        """The winning copies filed under `day`: JSON files by name, then segment rows by object name and row.
+        `keep(segment, location)` may narrow a segment's rows (column pushdown); None keeps them all."""
+        with self.lock:
+            json_refs = sorted(
+                (r for tid, r in self._json.items() if r.day == day and self._winner(tid) is r),
+                key=lambda r: r.path,
+            )
+            segments = sorted(p for p, ids in self._segments.items() if ids.day == day)
+        yield from json_refs
+        for path in segments:
+            with self.lock:
+                ids = self._segments.get(path)
+                if ids is None:
+                    continue
+                mask = keep(self._segment(path), self.root.display(path)) if keep is not None else None
+                winners = []
+                for row, tid in enumerate(ids.ids):
+                    ref = self._winner(tid) if mask is None or mask[row] else None
+                    if ref is not None and ref.path == path and ref.row == row:
+                        winners.append(ref)
+            yield from winners
+
+    # -- decoding ------------------------------------------------------------------------------------
+    def ref_text(self, ref: Ref) -> str:
+        where = self.root.display(ref.path)
+        return where if ref.row < 0 else f"{where}#{ref.row}"
+
+    def parse_ref(self, text: str) -> Ref:
+        """The `Ref` of a string `ref_text` made (what `SegmentStore.iter_paths` yields)."""
+        m = _SEGMENT_REF.match(str(text))
+        location = m.group("location") if m else str(text)
+        path = location if self.root.local else self.root.fs._strip_protocol(location)
+        return Ref((0, 1 if m else 0, path), path, int(m.group("row")) if m else -1, "")
+
+    def load(self, ref: Ref) -> ExecutionTrace:
+        """The stored trace `ref` points at, without side records. SchemaError names the object."""
+        where = self.ref_text(ref)
+        if ref.row < 0:
+            try:
+                raw = self.root.read(ref.path)
+            except OSError as exc:
+                raise SchemaError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+            return _trace_from_json(raw, where, ref.path.rsplit("/", 1)[-1][: -len(".json")])
+        with self.lock:
+            try:
+                segment = self._segment(ref.path)
+                group = segment.group_of(ref.row)
+                rows = self._group(ref.path, segment, group)
+                raw = rows[ref.row - segment.row_groups[group]]
+            except (NotASegment, OSError, IndexError) as exc:
+                raise SchemaError(f"{where}: cannot read: {exc}") from exc
+        return _trace_from_json(raw, where, None)
+
+    def _segment(self, path: str) -> Segment:
+        hit = self._open.get(path)
+        if hit is not None:
+            self._open.move_to_end(path)
+            return hit[1]
+        fh = self.root.open(path)
+        try:
+            segment = Segment(fh, self.root.display(path))
+        except BaseException:
+            fh.close()
+            raise
+        self.stats.segments_opened += 1
+        self._open[path] = (fh, segment)
+        while len(self._open) > _OPEN_SEGMENTS:
+            _old, (old_fh, _seg) = self._open.popitem(last=False)
+            old_fh.close()
+        return segment
+
+    def _group(self, path: str, segment: Segment, group: int) -> list[bytes]:
+        key = (path, group)
+        rows = self._groups.get(key)
+        if rows is None:
+            rows = self._groups[key] = segment.trace_rows(group)
+            self.stats.row_groups_read += 1
+            while len(self._groups) > _DECODED_GROUPS:
+                self._groups.popitem(last=False)
+        else:
+            self._groups.move_to_end(key)
+        return rows
+
+    def close(self) -> None:
+        with self.lock:
+            for fh, _segment in self._open.values():
+                fh.close()
+            self._open.clear()
+            self._groups.clear()
+
+
+def _trace_from_json(raw: bytes, where: str, stem: str | None) -> ExecutionTrace:
+    """As `TraceStore.read_file` parses a file: empty, invalid JSON and a missing id (from the name) handled."""
+    from flowrl.store import _id_from_name
+
+    if not raw.strip():
+        raise SchemaError(f"{where}: empty")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(f"{where}: not valid JSON ({exc})") from exc
+    if isinstance(data, dict) and not data.get("trace_id") and stem is not None:
+        data["trace_id"] = _id_from_name(Path(f"{stem}.json"))
+    return load_trace(data, origin=where)
