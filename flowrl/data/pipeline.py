@@ -39,6 +39,7 @@ from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_f
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.schema import ExecutionTrace
 from flowrl.store import ReadProblem, TraceStore
+from flowrl.store_outcomes import ids_with_outcomes
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,11 @@ class _Source:
                 else:
                     yield None, trace
             return
+        # which traces have host outcomes, listed once (as `iter_traces` does): not one lookup per trace file
+        outcome_ids = ids_with_outcomes(self.store.root) if isinstance(self.store, TraceStore) else None
         for path in self.store.iter_paths(self.flt):
             try:
-                trace = self.store.read_path(path)
+                trace = self.store.read_path(path, outcome_ids=outcome_ids)
             except SchemaError as exc:
                 if self.store.problems.add(ReadProblem(path, str(exc))):  # a file read twice counts once
                     self.stats.unreadable += 1
