@@ -44,9 +44,9 @@ def serve(
     from flowrl.localhost import LOCAL_HOSTS, check_host
     from flowrl.serve import load
     from flowrl.serve.model import ServedModel
-    from flowrl.serve.server import start
+    from flowrl.serve.server import REMOTE_RISK, start
 
-    check_host(host, allow_remote, "flowrl serve", "anyone who can reach it can run the model; set --api-key")
+    check_host(host, allow_remote, "flowrl serve", REMOTE_RISK)  # before the model loads, not after
     plan = load.plan(model, engine=engine, base_model=base_model, tokenizer=tokenizer)
     where = plan.gguf or (f"{plan.model_dir} + {plan.adapter}" if plan.adapter else plan.model_dir)
     with console.status(f"loading {where} ({plan.engine})"):
@@ -69,7 +69,7 @@ def serve(
     finally:
         server.shutdown()
         server.server_close()
-    counts = served.counts
+    counts = served.stats.counts
     console.print(
         f"served {counts['requests']} requests ({counts['tool calls']} tool calls parsed, "
         f"{counts['unparsed tool call']} replies with an unparsed tool call returned as text)",

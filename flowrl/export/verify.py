@@ -98,6 +98,18 @@ class VerificationReport:
             + f"top-1 agreement >= {top1:.2f}, mean KL <= {max(c.mean_kl for c in self.checks):.3g}"
         )
 
+    def conclude(self, reference_dir: Path, raise_on_failure: bool) -> VerificationReport:
+        """Log the warnings, then raise VerificationError listing the failures (when asked); `self` otherwise."""
+        by = " with llama.cpp" if self.verifier == "llama.cpp" else ""
+        for warning in self.warnings:
+            log.warning("verify %s%s: %s", self.gguf_path.name, by, warning)
+        if self.failures and raise_on_failure:
+            where = " in llama.cpp" if self.verifier == "llama.cpp" else ""
+            raise VerificationError(
+                f"{self.gguf_path} failed verification{where} against {reference_dir}:\n  " + "\n  ".join(self.failures)
+            )
+        return self
+
     def figures(self) -> dict[str, Any]:
         """The worst figure of each kind over the prompts, with its limit: what export.json records."""
         checks = self.checks
@@ -266,10 +278,4 @@ def verify_gguf(
     if getattr(ref_tok, "chat_template", None) and getattr(gguf_tok, "chat_template", None) != ref_tok.chat_template:
         report.warnings.append("the chat template read back from the GGUF differs from the merged model's")
 
-    for warning in report.warnings:
-        log.warning("verify %s: %s", gguf_path.name, warning)
-    if report.failures and raise_on_failure:
-        raise VerificationError(
-            f"{gguf_path} failed verification against {reference_dir}:\n  " + "\n  ".join(report.failures)
-        )
-    return report
+    return report.conclude(reference_dir, raise_on_failure)

@@ -202,10 +202,4 @@ def verify_gguf_llama(
     if isinstance(template, str) and metadata.get("tokenizer.chat_template") != template:
         report.warnings.append("the chat template llama.cpp reads from the GGUF differs from the merged model's")
 
-    for warning in report.warnings:
-        log.warning("verify %s with llama.cpp: %s", gguf_path.name, warning)
-    if report.failures and raise_on_failure:
-        raise VerificationError(
-            f"{gguf_path} failed verification in llama.cpp against {reference_dir}:\n  " + "\n  ".join(report.failures)
-        )
-    return report
+    return report.conclude(reference_dir, raise_on_failure)

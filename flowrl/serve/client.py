@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from flowrl.data.tokens import fold_tool_calls
 from flowrl.errors import FlowRLError
 from flowrl.train.chat_backend import Completion
 
@@ -65,10 +66,8 @@ class ServedBackend:
         reply = self._post("/chat/completions", body)
         choice = reply["choices"][0]
         message = choice["message"]
-        text = message.get("content") or ""
-        for call in message.get("tool_calls") or []:  # back into the text form the example agent parses
-            fn = call["function"]
-            text += f'\n<tool_call>{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}</tool_call>'
+        # tool calls back into the text form the example agent parses
+        text = fold_tool_calls([dict(message, role="assistant")])[0].get("content") or ""
         logprobs = (choice.get("logprobs") or {}).get("content")
         usage = reply.get("usage") or {}
         return Completion(

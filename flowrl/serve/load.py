@@ -18,16 +18,11 @@ transformers with a GGUF file, is one line naming the fix, never another engine 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
-
-log = logging.getLogger(__name__)
-
-ENGINES = ("auto", "llama.cpp", "transformers")
 
 
 @dataclass(frozen=True)
@@ -104,6 +99,8 @@ def _export_plan(folder: Path, engine: str) -> Plan:
 
 def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, tokenizer: str | None = None) -> Plan:
     """What to load for `spec` (the module docstring says how it is read)."""
+    from flowrl.demo.example_agents import ENGINES
+
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
     tok = Path(tokenizer).expanduser() if tokenizer else None
@@ -124,15 +121,9 @@ def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, toke
     model_dir = Path(resolve_model(base_model).path if base_model else resolved.path)
     adapter = Path(resolved.adapter) if resolved.adapter else None
     name = (adapter or Path(resolved.path)).name if not resolved.builtin else "smollm2-135m-instruct"
-    if engine == "auto":
-        engine = "llama.cpp" if _llama_cpp() else "transformers"
-        if engine == "transformers":
-            from flowrl.demo.llama_backend import INSTALL_HINT
+    from flowrl.demo.example_agents import pick_engine  # auto -> llama.cpp when installed, as the example agent picks
 
-            log.warning("serving with transformers, 4-6x slower on a CPU than llama.cpp: %s", INSTALL_HINT)
-    elif engine == "llama.cpp":
-        _need_llama_cpp(f"--engine llama.cpp for {spec}")
-    return Plan(engine, model_dir, adapter=adapter, name=name)
+    return Plan(pick_engine(engine), model_dir, adapter=adapter, name=name)
 
 
 def load_backend(p: Plan, *, max_tokens: int = 512, temperature: float = 0.7, n_ctx: int = 4096, seed: int = 0) -> Any:

@@ -20,10 +20,10 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from flowrl.data.tokens import RenderStats, fold_tool_calls
 from flowrl.errors import FlowRLError
 from flowrl.serve.tool_calls import ParsedReply, parse_reply, style_of
 
@@ -78,7 +78,7 @@ class ServedModel:
         self.style = style_of(template)
         self.renders_tool_calls = bool(supports_tool_calling(self.tokenizer))
         self.renders_tools = self._renders_tools()
-        self.counts: Counter[str] = Counter()
+        self.stats = RenderStats()  # counts; what the model cannot do faithfully is logged the first time
         self._lock = threading.Lock()
         log.info(
             "%s: tool definitions %s, tool calls %s, replies parsed for tool calls: %s",
@@ -95,11 +95,6 @@ class ServedModel:
         except Exception:
             return False
         return "flowrl_probe_tool_5c1e" in with_tools
-
-    def _note(self, key: str, message: str) -> None:
-        if not self.counts[key]:
-            log.warning("flowrl serve: %s", message)
-        self.counts[key] += 1
 
     # -- the request ---------------------------------------------------------------------------------------------
 
@@ -128,7 +123,6 @@ class ServedModel:
 
     def messages(self, request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
         """The request's messages in the shape chat templates take, and its tools (None when not used)."""
-        from flowrl.data.tokens import fold_tool_calls
         from flowrl.transcript import normalize_message
 
         raw = request.get("messages")
@@ -155,7 +149,7 @@ class ServedModel:
                 "or leave out `tools`"
             )
         if not self.renders_tool_calls and any(m.get("tool_calls") for m in messages):
-            self._note(
+            self.stats.note(
                 "tool calls folded",
                 f"the chat template of {self.name} drops tool calls: they are written into the assistant text as "
                 "<tool_call>...</tool_call>, as training renders them",
@@ -200,18 +194,18 @@ class ServedModel:
             finish = "length"
         parsed = parse_reply(text, self.style) if tools else ParsedReply(text)
         if parsed.unparsed:
-            self._note("unparsed tool call", f"a reply was returned as text: it holds {parsed.unparsed}")
+            self.stats.note("unparsed tool call", f"a reply was returned as text: it holds {parsed.unparsed}")
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
             finish = "tool_calls"
-            self.counts["tool calls"] += len(parsed.tool_calls)
+            self.stats.counts["tool calls"] += len(parsed.tool_calls)
         if parsed.reasoning:
             message["reasoning_content"] = parsed.reasoning
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "token_ids": tokens}
         if request.get("logprobs"):
             choice["logprobs"] = {"content": self._logprobs(tokens, logprobs)}
-        self.counts["requests"] += 1
+        self.stats.counts["requests"] += 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",

@@ -27,6 +27,7 @@ from flowrl.serve.model import RequestError, ServedModel
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
+REMOTE_RISK = "anyone who can reach it can run the model; set --api-key"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -154,7 +155,7 @@ def start(
     model: ServedModel, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None, allow_remote=False
 ) -> tuple[ChatServer, threading.Thread]:
     """A running server on its own thread (port 0 picks a free one); `server.shutdown()` stops it."""
-    check_host(host, allow_remote, "flowrl serve", "anyone who can reach it can run the model; set --api-key")
+    check_host(host, allow_remote, "flowrl serve", REMOTE_RISK)
     try:
         server = ChatServer(model, host, port, api_key)
     except OSError as exc:

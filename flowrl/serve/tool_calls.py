@@ -58,13 +58,11 @@ def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
 
 
 def _hermes(text: str) -> ParsedReply:
-    blocks = _HERMES.findall(text)
-    if not blocks:
-        if "<tool_call>" in text:
-            return ParsedReply(text, unparsed="a <tool_call> block without its </tool_call> (cut off?)")
-        return ParsedReply(text)
+    rest = _HERMES.sub("", text).strip()
+    if "<tool_call>" in rest:
+        return ParsedReply(text, unparsed="a <tool_call> block without its </tool_call> (cut off?)")
     calls = []
-    for block in blocks:
+    for block in _HERMES.findall(text):
         try:
             data = json.loads(block)
         except ValueError:
@@ -74,10 +72,7 @@ def _hermes(text: str) -> ParsedReply:
             why = f"a <tool_call> block without a name and object arguments: {block[:80]!r}"
             return ParsedReply(text, unparsed=why)
         calls.append(call)
-    rest = _HERMES.sub("", text).strip()
-    if "<tool_call>" in rest:
-        return ParsedReply(text, unparsed="a <tool_call> block without its </tool_call> (cut off?)")
-    return ParsedReply(rest or None, calls)
+    return ParsedReply(rest or None, calls) if calls else ParsedReply(text)
 
 
 def _llama3(text: str) -> ParsedReply:
