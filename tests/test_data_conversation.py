@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flowrl.data.conversation import (
+from flowrl.conversation import (
     find_prompt_end,
     fit_trajectory,
     message_chars,

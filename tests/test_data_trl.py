@@ -58,7 +58,7 @@ def test_kto_rows_train_with_ktotrainer_and_the_computed_weights(
     assert 0 < n_true < len(train)
     wd, wu = kto_weights(n_true, len(train) - n_true)
     model, tok = tiny_model_and_tokenizer()
-    args = KTOConfig(max_length=256, desirable_weight=wd, undesirable_weight=wu, **_args(tmp_path))
+    args = KTOConfig(max_length=1024, desirable_weight=wd, undesirable_weight=wu, **_args(tmp_path))
     with caplog.at_level(logging.WARNING):
         trainer = KTOTrainer(
             model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tok, train_dataset=train

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from flowrl import facts
+from flowrl import conversation, facts
 from flowrl import transcript as tr
 from flowrl.capture import assemble, hook_into_agent
-from flowrl.data import conversation
-from flowrl.data.conversation import trace_conversation
+from flowrl.conversation import trace_conversation
 from flowrl.ingest import ingest_paths
 from flowrl.ingest import transcript as ingest_transcript
 from flowrl.rewards import views

@@ -6,8 +6,8 @@ See docs/datasets.md for each method's row format.
 
 from __future__ import annotations
 
+from flowrl.conversation import Conversation, normalize_query, trace_conversation
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, effective_label
-from flowrl.data.conversation import Conversation, normalize_query, trace_conversation
 from flowrl.data.dpo import DPODatasetBuilder
 from flowrl.data.grouping import Grouper
 from flowrl.data.grpo import GRPODatasetBuilder

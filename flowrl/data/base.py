@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any, ClassVar
 
-from flowrl.data.conversation import ArgumentsAs, Conversation
+from flowrl.conversation import ArgumentsAs, Conversation
 from flowrl.errors import ConfigError
 from flowrl.facts import is_manual_label, label_at
 from flowrl.schema import ExecutionTrace
@@ -66,6 +66,8 @@ class BuildStats:
 
     traces_read: int = 0
     traces_used: int = 0
+    columnar: bool = False  # built from a segment store's columns (`flowrl.data.columnar`)
+    read_whole: int = 0  # traces a columnar build read whole
     unreadable: int = 0
     skipped: Counter = field(default_factory=Counter)
     rows: Counter = field(default_factory=Counter)
@@ -98,6 +100,8 @@ class BuildStats:
         return {
             "traces_read": self.traces_read,
             "traces_used": self.traces_used,
+            "columnar": self.columnar,
+            "read_whole": self.read_whole,
             "unreadable_files": self.unreadable,
             "skipped": dict(self.skipped),
             "rows": dict(self.rows),

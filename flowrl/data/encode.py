@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrl.data.conversation import find_prompt_end
+from flowrl.conversation import find_prompt_end
 from flowrl.data.tokens import (
     CAPTURED,
     CallTokens,

@@ -61,9 +61,13 @@ class Grouper:
 
     def raw_key(self, trace: ExecutionTrace) -> str:
         """The key before any clustering: `k:<group_key>` or `q:<normalised query>`."""
-        if self.group_by == "group_key" and trace.group_key:
-            return "k:" + trace.group_key
-        return "q:" + query_key(trace.user_query)
+        return self.raw_key_of(trace.group_key, query_key(trace.user_query))
+
+    def raw_key_of(self, group_key: str | None, query: str) -> str:
+        """`raw_key` from a trace's group key and its user turn's `query_key`."""
+        if self.group_by == "group_key" and group_key:
+            return "k:" + group_key
+        return "q:" + query
 
     def fit(self, raw_keys: Iterable[str]) -> None:
         """Cluster the distinct normalised queries (embedding mode only)."""

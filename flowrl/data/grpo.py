@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from flowrl.conversation import Conversation, fit_trajectory, message_chars
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
-from flowrl.data.conversation import Conversation, fit_trajectory, message_chars
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.facts import GUESSED_REFERENCE, reference

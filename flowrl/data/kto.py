@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from flowrl.conversation import Conversation
 from flowrl.data.base import DatasetBuilder, RowContext, effective_label
-from flowrl.data.conversation import Conversation, message_chars
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.schema import ExecutionTrace
@@ -85,17 +85,17 @@ class KTODatasetBuilder(DatasetBuilder):
         calls = aligned_calls(trace, len(all_steps))
         first = 0 if self.rows == "step" else max(0, len(all_steps) - 1)
         ctx.stats.label_sources[source] += 1
-        prompt_chars = message_chars(conv.messages[: all_steps[first]]) if all_steps else 0
+        prompt_chars = conv.chars(0, all_steps[first]) if all_steps else 0
         for n in range(first, len(all_steps)):
             index = all_steps[n]
             if n > first:
-                prompt_chars += message_chars(conv.messages[all_steps[n - 1] : index])
+                prompt_chars += conv.chars(all_steps[n - 1], index)
             completion = conv.messages[index]
-            if not self.fits(prompt_chars + message_chars([completion])):
+            if not self.fits(prompt_chars + conv.chars(index, index + 1)):
                 ctx.stats.dropped_too_long += 1
                 continue
             yield {
-                "prompt": conv.messages[:index],
+                "prompt": conv.head(index),
                 "completion": [completion],
                 "label": label,
                 "tools": conv.tools,

@@ -15,7 +15,6 @@ Output folder (`build`):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from collections import Counter, defaultdict
@@ -28,9 +27,10 @@ from typing import Any, cast
 import orjson
 
 from flowrl import __version__
+from flowrl.conversation import Conversation, conversation_key, trace_conversation
+from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
-from flowrl.data.conversation import Conversation, trace_conversation
 from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
 from flowrl.data.kto import kto_weights
@@ -108,6 +108,7 @@ class _Source:
         self.traces = None if self.store is not None else list(source)  # type: ignore[arg-type]
         self.flt = filters.trace_filter()
         self.stats = stats
+        self.columnar = False
 
     def operation(self) -> Any:
         import contextlib
@@ -122,26 +123,39 @@ class _Source:
             return sum(1 for _ in self.store.iter_paths(self.flt))
         return len(self.traces or [])
 
-    def scan(self) -> Iterator[tuple[Any, ExecutionTrace]]:
+    def scan(self) -> Iterator[tuple[Any, ExecutionTrace, Conversation | None]]:
+        """`(ref, trace, conversation)` per trace in order; ref None when the filters rule it out (or it cannot
+        be read); the conversation only from a columnar scan (`flowrl.data.columnar`)."""
         if self.store is None:
             for i, trace in enumerate(self.traces or []):
                 if self.flt.day_ok(trace.date()) and self.flt.matches(trace):
-                    yield i, trace
+                    yield i, trace, None
                 else:
-                    yield None, trace
+                    yield None, trace, None
+            return
+        if self.columnar:
+            for ref, view, conv in columnar.rows(self.store, self.flt):
+                if view is None:
+                    self.stats.read_whole += 1
+                    yield self._read(ref, None)
+                else:
+                    yield (ref if conv is not None else None), view, conv  # type: ignore[misc]
             return
         # which traces have host outcomes, listed once (as `iter_traces` does): not one lookup per trace file
         outcome_ids = ids_with_outcomes(self.store.root) if isinstance(self.store, TraceStore) else None
         for path in self.store.iter_paths(self.flt):
-            try:
-                trace = self.store.read_path(path, outcome_ids=outcome_ids)
-            except SchemaError as exc:
-                if self.store.problems.add(ReadProblem(path, str(exc))):  # a file read twice counts once
-                    self.stats.unreadable += 1
-                    log.warning("flowrl: skipping %s", exc)
-                yield None, None  # type: ignore[misc]  # still one file done, for the progress bar
-                continue
-            yield (path, trace) if self.flt.matches(trace) else (None, trace)
+            yield self._read(path, outcome_ids)
+
+    def _read(self, path: Any, outcome_ids: set[str] | None) -> tuple[Any, ExecutionTrace, None]:
+        assert self.store is not None
+        try:
+            trace = self.store.read_path(path, outcome_ids=outcome_ids)
+        except SchemaError as exc:
+            if self.store.problems.add(ReadProblem(path, str(exc))):  # a file read twice counts once
+                self.stats.unreadable += 1
+                log.warning("flowrl: skipping %s", exc)
+            return None, None, None  # type: ignore[return-value]  # still one file done, for the progress bar
+        return (path, trace, None) if self.flt.matches(trace) else (None, trace, None)
 
     def load(self, ref: Any) -> ExecutionTrace:
         return self.store.read_path(ref) if self.store is not None else self.traces[ref]  # type: ignore[index]
@@ -195,15 +209,20 @@ class DatasetPipeline:
         out = Path(out).expanduser()
         _prepare_out(out, overwrite)
         src = _Source(source, self.filters, self.stats)
-        sink = DiskSink(out / ".flowrl-build")
+        if src.store is not None:
+            why_not = columnar.reason_not(self.builder, src.store, self)
+            src.columnar = self.stats.columnar = why_not is None
+            log.debug(
+                "flowrl: %s build%s", "columnar" if why_not is None else "row-by-row", f" ({why_not})" * bool(why_not)
+            )
+        shuffle = {TRAIN} if self.builder.shuffle_train else set()
+        sink = DiskSink(out / ".flowrl-build", self.builder.features(), shuffle, self.seed)
         try:
             with src.operation() as seen:  # every pass of this build shares one record of problems
                 self._run(src, sink, on_progress)
             problems = list(seen or [])
             counts = self._check_counts(sink.counts(), src)
-            shuffle = {TRAIN} if self.builder.shuffle_train else set()
-            features = self.builder.features()
-            arrows = sink.finish(out, features, shuffle, self.seed, parquet=parquet, on_progress=on_progress)
+            arrows = sink.finish(out, on_progress=on_progress)
             _save(out, arrows, parquet)
         finally:
             sink.close()
@@ -229,16 +248,16 @@ class DatasetPipeline:
     def _run(self, src: _Source, sink: DiskSink | MemorySink, on_progress: Progress | None) -> None:
         total = src.total() if on_progress else None
         if self.grouper.needs_fit and not self.builder.grouped:
-            self.grouper.fit(self.grouper.raw_key(t) for ref, t in src.scan() if ref is not None)
+            self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
         seen: set[bytes] = set()
-        for done, (ref, trace) in enumerate(src.scan(), 1):
+        for done, (ref, trace, packed) in enumerate(src.scan(), 1):
             if on_progress and (done % 500 == 0 or done == total):
                 on_progress("read", done, total)
             if ref is None:
                 continue
             self.stats.traces_read += 1
-            conv = self._conversation(trace, seen)
+            conv = self._conversation(trace, seen, packed)
             if conv is None:
                 continue
             if self.builder.grouped:
@@ -246,7 +265,10 @@ class DatasetPipeline:
                 if info is not None:
                     infos.append(info)
                 continue
-            group_id = self.grouper.key(trace)
+            if isinstance(trace, columnar.RowView):
+                group_id = self.grouper.group_id(self.grouper.raw_key_of(trace.group_key, trace.query_key))
+            else:
+                group_id = self.grouper.key(trace)
             split = split_for(group_id, self.val_fraction, self.seed)
             used = False
             for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
@@ -258,8 +280,10 @@ class DatasetPipeline:
         if self.builder.grouped:
             self._grouped(src, sink, infos)
 
-    def _conversation(self, trace: ExecutionTrace, seen: set[bytes]) -> Conversation | None:
-        conv = trace_conversation(trace, self.builder.arguments_as)
+    def _conversation(
+        self, trace: ExecutionTrace, seen: set[bytes], packed: Conversation | None = None
+    ) -> Conversation | None:
+        conv = packed or trace_conversation(trace, self.builder.arguments_as)
         if conv.prompt_end == 0:
             self.stats.skip("no user turn")
             return None
@@ -267,9 +291,7 @@ class DatasetPipeline:
             self.stats.skip("no assistant turn")
             return None
         if self.filters.dedupe:
-            key = hashlib.blake2b(
-                orjson.dumps([conv.messages, conv.tools], option=orjson.OPT_SORT_KEYS, default=str), digest_size=16
-            ).digest()
+            key = conv.key if isinstance(conv, columnar.PackedConversation) else conversation_key(conv)
             if key in seen:
                 self.stats.skip("duplicate")
                 return None
@@ -403,17 +425,33 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _save(out: Path, arrows: dict[str, Path], parquet: bool) -> None:
-    from datasets import Dataset, DatasetDict
-    from datasets.utils import logging as ds_logging
+    """Put each split's Arrow file where `datasets.load_from_disk` finds it, with the state and info files that
+    `Dataset.save_to_disk` writes (its own copy would read every row again: the memory of the whole set)."""
+    import json
+    import os
+    from dataclasses import asdict
 
-    was = ds_logging.is_progress_bar_enabled()
-    ds_logging.disable_progress_bar()
-    try:
-        dd = DatasetDict({split: Dataset.from_file(str(path)) for split, path in arrows.items()})
-        dd.save_to_disk(str(out))
+    from datasets import Dataset, config
+
+    for split, path in arrows.items():
+        folder = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        name = "data-00000-of-00001.arrow"
+        os.replace(path, folder / name)
+        ds = Dataset.from_file(str(folder / name))  # memory-mapped: only the schema is read
+        state = {
+            "_data_files": [{"filename": name}],
+            "_fingerprint": ds._fingerprint,
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        }
+        (folder / config.DATASET_STATE_JSON_FILENAME).write_text(json.dumps(state, indent=2, sort_keys=True))
+        info = asdict(ds._info)
+        (folder / config.DATASET_INFO_FILENAME).write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
         if parquet:
-            for split, ds in dd.items():
-                ds.to_parquet(str(out / "data" / f"{split}.parquet"))
-    finally:
-        if was:
-            ds_logging.enable_progress_bar()
+            ds.to_parquet(str(out / "data" / f"{split}.parquet"))
+        del ds
+    (out / config.DATASETDICT_JSON_FILENAME).write_text(json.dumps({"splits": list(arrows)}))

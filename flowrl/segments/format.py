@@ -7,8 +7,10 @@ Scalar columns hold what `flowrl.store.TraceFilter` filters on, so a listing rea
     label (bool, null), label_source, reward_score (double, null), success (bool, null), trace (binary)
 
 `day` is the date partition the row was filed under; `written_ns` (the writer's clock when it wrote the row)
-orders rows of one trace written twice: the newest wins. The file's key-value metadata carries
-`flowrl.format = segment-v1`. A file without it, or without these columns in these types, is not a segment.
+orders rows of one trace written twice: the newest wins. Segments written now also hold the
+columns a dataset build reads (`flowrl.segments.derived`) and carry `flowrl.format = segment-v2` in the file's
+key-value metadata; `segment-v1` files (without them) are read as they are. A file without the marker, or
+without these columns in these types, is not a segment.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from typing import Any
 import orjson
 
 from flowrl.schema import ExecutionTrace
+from flowrl.segments.derived import COLUMNS as DERIVED
+from flowrl.segments.derived import derive
 
 FORMAT_KEY = b"flowrl.format"
-FORMAT = b"segment-v1"
+FORMAT = b"segment-v2"
+FORMATS = (b"segment-v1", FORMAT)
 ROW_GROUP_ROWS = 128
 """Rows per row group: a filtered listing decodes the `trace` column only of the groups holding a match."""
 
@@ -46,12 +51,23 @@ class NotASegment(ValueError):
     """A file named like a segment that is not one (not Parquet, another schema): reported and skipped."""
 
 
-def _schema() -> Any:
+def _schema(derived: bool = True) -> Any:
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_(), "double": pa.float64()}
+    types = {
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "int32": pa.int32(),
+        "bool": pa.bool_(),
+        "double": pa.float64(),
+        "binary": pa.binary(),
+        "list<string>": pa.list_(pa.string()),
+        "list<int32>": pa.list_(pa.int32()),
+    }
     fields = [pa.field(name, types[kind]) for name, kind in SCALARS.items()]
     fields.append(pa.field(TRACE_COLUMN, pa.binary()))
+    if derived:
+        fields += [pa.field(name, types[kind]) for name, kind in DERIVED.items()]
     return pa.schema(fields, metadata={FORMAT_KEY: FORMAT})
 
 
@@ -65,7 +81,7 @@ def encode(rows: list[tuple[ExecutionTrace, str, int]]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns: dict[str, list[Any]] = {name: [] for name in [*SCALARS, TRACE_COLUMN]}
+    columns: dict[str, list[Any]] = {name: [] for name in [*SCALARS, TRACE_COLUMN, *DERIVED]}
     for trace, day, written_ns in rows:
         values = {
             "trace_id": trace.trace_id,
@@ -81,6 +97,7 @@ def encode(rows: list[tuple[ExecutionTrace, str, int]]) -> bytes:
             "reward_score": trace.reward_score,
             "success": trace.success,
             TRACE_COLUMN: trace_json(trace),
+            **derive(trace),
         }
         for name, value in values.items():
             columns[name].append(value)
@@ -106,9 +123,11 @@ class Segment:
             schema = self._file.schema_arrow
         except Exception as exc:  # pyarrow raises ArrowInvalid, OSError and others on what is not Parquet
             raise NotASegment(f"{location}: not a Parquet file ({exc})") from exc
-        if (schema.metadata or {}).get(FORMAT_KEY) != FORMAT:
+        marker = (schema.metadata or {}).get(FORMAT_KEY)
+        if marker not in FORMATS:
             raise NotASegment(f"{location}: a Parquet file that is not a flowrl segment (no {FORMAT.decode()} marker)")
-        for field in _schema():
+        self.derived = marker == FORMAT
+        for field in _schema(self.derived):
             if schema.get_field_index(field.name) < 0 or not schema.field(field.name).type.equals(field.type):
                 raise NotASegment(f"{location}: a segment without the column {field.name} ({field.type})")
         self.row_groups: list[int] = []  # the first row of each row group, ascending

@@ -114,6 +114,10 @@ class SideView:
     def has(self, trace_id: str, kind: str = "patch") -> bool:
         return any(r.kind == kind for r in self._by_id.get(trace_id, ()))
 
+    def ids(self) -> set[str]:
+        """Every trace id with a side record."""
+        return set(self._by_id)
+
     def patched_ids(self) -> set[str]:
         return {tid for tid, records in self._by_id.items() if any(r.kind == "patch" for r in records)}
 
@@ -130,19 +134,23 @@ class SideView:
         patches = [r for r in records if r.kind == "patch"]
         if patches:
             data = trace.to_dict()
-            for patch in patches:
-                fields = dict(patch.body)
-                if not patch.manual and _manual(data):
-                    for name in REVIEW_FIELDS:
-                        fields.pop(name, None)
-                fields.pop("trace_id", None)
-                data.update(fields)
+            _merge(data, patches)
             try:
                 trace = load_trace(data, origin=f"{origin} with its side records")
             except SchemaError as exc:  # a patch that breaks the trace: the stored row, and say so
                 _tell(skip, origin, str(exc))
         trace.outcomes = self.outcomes(trace.trace_id, skip)
         return trace
+
+    def patched_fields(self, trace_id: str, base: dict[str, Any]) -> dict[str, Any] | None:
+        """`base` (some top-level fields of a stored trace) with the trace's patches merged as `apply` merges
+        them, or None when a patch sets a field `base` does not hold (the whole trace is needed then)."""
+        patches = [r for r in self._records(trace_id) if r.kind == "patch"]
+        if any(name not in base for patch in patches for name in patch.body if name != "trace_id"):
+            return None
+        data = dict(base)
+        _merge(data, patches)
+        return data
 
     def outcomes(self, trace_id: str, skip: Skip | None) -> list[HostOutcome]:
         out = []
@@ -155,6 +163,18 @@ class SideView:
                 location, line = record.where
                 _tell(skip, location, f"{location} line {line}: not a valid outcome ({exc.errors()[0].get('msg')})")
         return out
+
+
+def _merge(data: dict[str, Any], patches: list[Record]) -> None:
+    """Apply patches in order to a trace dict: the latest value of a field wins, a person's label is kept
+    against patches that are not manual."""
+    for patch in patches:
+        fields = dict(patch.body)
+        if not patch.manual and _manual(data):
+            for name in REVIEW_FIELDS:
+                fields.pop(name, None)
+        fields.pop("trace_id", None)
+        data.update(fields)
 
 
 def _manual(data: dict[str, Any]) -> bool:

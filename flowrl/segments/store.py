@@ -35,6 +35,7 @@ from flowrl.outcomes import HostOutcome, make_outcome
 from flowrl.schema import ExecutionTrace
 from flowrl.segments import lifecycle, names
 from flowrl.segments.catalog import Catalog, Ref, ScanStats
+from flowrl.segments.columns import ColumnRows, scan
 from flowrl.segments.format import encode
 from flowrl.segments.fs import Root, RootURL
 from flowrl.segments.problems import ProblemRecords
@@ -345,6 +346,24 @@ class SegmentStore(ProblemRecords):
                 continue
             if flt.matches(trace):
                 yield trace
+
+    def scan_columns(self, flt: TraceFilter | None, columns: list[str]) -> Iterator[ColumnRows]:
+        """The stored traces in `iter_paths` order, a segment's rows at a time with `columns` of them
+        (`flowrl.segments.columns`), rows `flt`'s columns rule out left out; refs without columns are read
+        whole with `read_path`."""
+        return scan(self._catalog, self._listing(flt, self._begin()), columns)
+
+    def side_ids(self) -> set[str]:
+        """The ids of traces with side records or host outcomes, as of the latest listing."""
+        return self._catalog.view.ids() | self._catalog.legacy_outcome_ids
+
+    def merged_fields(self, trace_id: str, base: dict[str, Any]) -> dict[str, Any] | None:
+        """`base` (fields of a stored row) with the trace's patches merged, or None when the trace must be read
+        whole: it has host outcomes, or a patch sets a field `base` lacks."""
+        view = self._catalog.view
+        if view.has(trace_id, "outcome") or trace_id in self._catalog.legacy_outcome_ids:
+            return None
+        return view.patched_fields(trace_id, base)
 
     def count(self) -> int:
         self.flush()

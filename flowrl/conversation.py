@@ -1,6 +1,6 @@
 """A trace as a chat: the messages TRL trains on, where the prompt ends, and the tool schemas.
 
-Datasets are built from `trace.messages` (OpenAI chat format: system, user, assistant with
+A dataset is built from `trace.messages` (OpenAI chat format: system, user, assistant with
 `tool_calls`, tool results) and `trace.tools`. A trace without messages (a toolboxv2 rl_traces
 import, say) gets a minimal conversation synthesised from `user_query`, `tool_calls` and
 `final_response`: the user turn, then one assistant message per logged tool call followed by its
@@ -26,6 +26,7 @@ messages (a tool result nobody answered, an internal follow-up prompt) are dropp
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from flowrl.transcript import synthesize_messages as _synthesize
 __all__ = [
     "ArgumentsAs",
     "Conversation",
+    "conversation_key",
     "find_prompt_end",
     "fit_trajectory",
     "message_chars",
@@ -86,6 +88,14 @@ class Conversation:
     @property
     def has_tool_calls(self) -> bool:
         return any(m.get("tool_calls") for m in self.trajectory)
+
+    def head(self, end: int) -> list[Any]:
+        """`messages[:end]`, as a row holds them."""
+        return self.messages[:end]
+
+    def chars(self, start: int, end: int) -> int:
+        """`message_chars` of `messages[start:end]`."""
+        return message_chars(self.messages[start:end])
 
 
 def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> list[dict[str, Any]]:
@@ -142,6 +152,12 @@ def trace_conversation(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict"
         end += 1
     tools = [t for t in trace.tools if isinstance(t, dict)] or synthesize_tools(messages)
     return Conversation(messages=messages, prompt_end=end, tools=tools, synthesized=synthesized)
+
+
+def conversation_key(conv: Conversation) -> bytes:
+    """The 16-byte identity of a conversation (its messages and tools): what a dataset build dedupes on."""
+    data = orjson.dumps([conv.messages, conv.tools], option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def message_chars(messages: list[dict[str, Any]]) -> int:
