@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.export",
     "flowrl.cli.serve",
     "flowrl.cli.report",
+    "flowrl.cli.review",
     "flowrl.cli.demo",
 )
 

@@ -1,7 +1,9 @@
 """DPO: `prompt` / `chosen` / `rejected` from the best and worst run of each task (TRL's DPOTrainer).
 
 Per group: the best-rewarded run that is not labelled bad by hand, and the worst-rewarded run that is
-not labelled good by hand; their reward margin must be above `min_margin`. The two transcripts are
+not labelled good by hand; their reward margin must be above `min_margin`. When a person labelled runs of
+the group both good and bad (`flowrl review`'s best/worst of a group), their choice wins: the best-rewarded
+manual good run against the worst-rewarded manual bad one, whatever their rewards. The two transcripts are
 compared message by message (system messages aside, user turns compared after `normalize_query`);
 the pair is taken where they first differ, at an assistant turn:
 `prompt` = the best run's messages before that point, `chosen` = the best run's assistant message
@@ -104,11 +106,16 @@ class DPODatasetBuilder(DatasetBuilder):
         ranked = sorted((m for m in members if m.reward is not None), key=reward_order)
         chosen = next((m for m in ranked if not (m.manual and m.label is False)), None)
         rejected = next((m for m in reversed(ranked) if not (m.manual and m.label is True)), None)
+        by_hand = sorted(members, key=reward_order)  # a person's best and worst win over the rewards
+        picked = next((m for m in by_hand if m.manual and m.label is True), None)
+        dropped = next((m for m in reversed(by_hand) if m.manual and m.label is False), None)
+        if picked is not None and dropped is not None:
+            chosen, rejected = picked, dropped
         if chosen is None or rejected is None or chosen is rejected:
             stats.groups["dropped: fewer than 2 scored runs"] += 1
             return
-        margin = chosen.reward - rejected.reward  # type: ignore[operator]
-        if margin <= self.min_margin:
+        margin = (chosen.reward or 0.0) - (rejected.reward or 0.0)
+        if margin <= self.min_margin and chosen is not picked:
             stats.groups[f"dropped: reward margin <= {self.min_margin}"] += 1
             return
         best_trace, best = load(chosen)
