@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
 import json, resource, sys, time
@@ -35,13 +36,15 @@ print(json.dumps({"seconds": elapsed, "peak_mib": peak, "rows": sum(result.count
 """
 
 
-def ingest(n: int, batch: int, root: Path) -> dict[str, float]:
+def ingest(n: int, batch: int, root: Path, kinds: list[str]) -> dict[str, float]:
     from flowrl.data.synthetic import synthetic_trace
     from flowrl.segments import SegmentStore
     from flowrl.store import TraceStore
 
     rates = {}
-    for name, store in (("json", TraceStore(root / "json")), ("segments", SegmentStore(root / "segments"))):
+    stores = {"json": lambda: TraceStore(root / "json"), "segments": lambda: SegmentStore(root / "segments")}
+    for name in kinds:
+        store: Any = stores[name]()
         elapsed = 0.0
         for start in range(0, n, batch):
             traces = [synthetic_trace(i) for i in range(start, min(n, start + batch))]  # made off the clock
@@ -56,9 +59,9 @@ def ingest(n: int, batch: int, root: Path) -> dict[str, float]:
     return rates
 
 
-def build(root: Path) -> dict[str, dict[str, float]]:
+def build(root: Path, kinds: list[str]) -> dict[str, dict[str, float]]:
     out = {}
-    for name in ("json", "segments"):
+    for name in kinds:
         proc = subprocess.run(
             [sys.executable, "-c", CHILD, str(root / name), str(root / f"out-{name}")],
             capture_output=True,
@@ -77,23 +80,26 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--build", action="store_true", help="also build a KTO set from each store")
+    parser.add_argument("--stores", default="json,segments", help="which stores: json,segments (default both)")
     args = parser.parse_args()
+    kinds = [k for k in args.stores.split(",") if k]
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-scale-") as tmp:
         root = Path(tmp)
         result: dict[str, object] = {
             "traces": args.traces,
             "batch": args.batch,
-            "ingest": ingest(args.traces, args.batch, root),
+            "ingest": ingest(args.traces, args.batch, root, kinds),
         }
         if args.build:
-            result["build"] = build(root)
+            result["build"] = build(root, kinds)
     rates = result["ingest"]
     assert isinstance(rates, dict)
-    print("| traces | JSON store | segment store | ratio |\n|---:|---:|---:|---:|")
-    print(
-        f"| {args.traces:,} | {rates['json']:,.0f}/s | {rates['segments']:,.0f}/s "
-        f"| {rates['segments'] / rates['json']:.1f}x |"
-    )
+    if len(rates) == 2:
+        print("| traces | JSON store | segment store | ratio |\n|---:|---:|---:|---:|")
+        print(
+            f"| {args.traces:,} | {rates['json']:,.0f}/s | {rates['segments']:,.0f}/s "
+            f"| {rates['segments'] / rates['json']:.1f}x |"
+        )
     print(json.dumps(result))
 
 
