@@ -97,6 +97,10 @@ class Conversation:
         """`message_chars` of `messages[start:end]`."""
         return message_chars(self.messages[start:end])
 
+    def key(self) -> bytes:
+        """`conversation_key`: what a dataset build dedupes on."""
+        return conversation_key(self)
+
 
 def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> list[dict[str, Any]]:
     """The minimal conversation of a trace that has no `messages` (`flowrl.transcript.synthesize_messages`)."""

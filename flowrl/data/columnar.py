@@ -29,8 +29,6 @@ COLUMNS = [
     "label",
     "label_source",
     "reward_score",
-    "success",
-    "status",
     "manual_review",
     "rewards",
     "conv_messages",
@@ -100,7 +98,7 @@ class PackedConversation(Conversation):
 
     steps: list[int] = field(default_factory=list)
     prefix: list[int] = field(default_factory=list)  # prefix[i]: characters of messages[:i]
-    key: bytes = b""
+    dedupe_key: bytes = b""
     tool_calls: bool = False
     texts: list[str] = field(default_factory=list)  # the messages' JSON
 
@@ -113,6 +111,9 @@ class PackedConversation(Conversation):
 
     def chars(self, start: int, end: int) -> int:
         return self.prefix[end] - self.prefix[start]
+
+    def key(self) -> bytes:
+        return self.dedupe_key
 
     def head(self, end: int) -> Any:
         return RawJSONList(self.texts[:end])
@@ -219,6 +220,6 @@ def _conversation(cols: dict[str, list[Any]], i: int, messages: list[str]) -> Pa
         synthesized=cols["conv_synthesized"][i],
         steps=cols["conv_steps"][i],
         prefix=prefix,
-        key=cols["conv_key"][i],
+        dedupe_key=cols["conv_key"][i],
         tool_calls=cols["conv_tool_calls"][i],
     )

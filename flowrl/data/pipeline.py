@@ -27,7 +27,7 @@ from typing import Any, cast
 import orjson
 
 from flowrl import __version__
-from flowrl.conversation import Conversation, conversation_key, trace_conversation
+from flowrl.conversation import Conversation, trace_conversation
 from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
@@ -291,7 +291,7 @@ class DatasetPipeline:
             self.stats.skip("no assistant turn")
             return None
         if self.filters.dedupe:
-            key = conv.key if isinstance(conv, columnar.PackedConversation) else conversation_key(conv)
+            key = conv.key()
             if key in seen:
                 self.stats.skip("duplicate")
                 return None
