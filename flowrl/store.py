@@ -243,8 +243,28 @@ class ProblemRecords:
         return skip
 
 
+class OutcomeRecords:
+    """`record_outcome`, shared by `TraceStore` and `flowrl.segments.SegmentStore`: each appends through its own
+    `record_outcomes`."""
+
+    def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
+        raise NotImplementedError
+
+    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, **fields: Any) -> HostOutcome:
+        """Append an outcome to a run: a `HostOutcome`, or its fields (`reference`, `success`, `rewards`,
+        `feedback`, `source`). Append-only and durable when it returns; the trace is not touched, so it may be
+        recorded before the trace is written. ConfigError names a value that cannot be one."""
+        _check_id(trace_id)
+        if outcome is None:
+            outcome = make_outcome(**fields)
+        elif fields:
+            raise ConfigError("give an outcome or its fields, not both")
+        self.record_outcomes(trace_id, [outcome])
+        return outcome
+
+
 @dataclass
-class TraceStore(ProblemRecords):
+class TraceStore(ProblemRecords, OutcomeRecords):
     """A folder of traces. Pass it around; `TraceStore.default()` follows `FLOWRL_HOME`."""
 
     root: Path
@@ -431,18 +451,6 @@ class TraceStore(ProblemRecords):
         return load_trace(data, origin=str(path))
 
     # -- the host's outcomes (side records, `flowrl.store_outcomes`) ----------------------------------
-    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, **fields: Any) -> HostOutcome:
-        """Append an outcome to a run: a `HostOutcome`, or its fields (`reference`, `success`, `rewards`,
-        `feedback`, `source`). Append-only and durable when it returns; the trace file is not touched, so it
-        may be recorded before the trace is written. ConfigError names a value that cannot be one."""
-        _check_id(trace_id)
-        if outcome is None:
-            outcome = make_outcome(**fields)
-        elif fields:
-            raise ConfigError("give an outcome or its fields, not both")
-        self.record_outcomes(trace_id, [outcome])
-        return outcome
-
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
         """Append checked outcomes to a run's side records, in one durable write."""
         _check_id(trace_id)

@@ -31,7 +31,7 @@ from typing import Any
 
 from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.facts import is_manual_label
-from flowrl.outcomes import HostOutcome, make_outcome
+from flowrl.outcomes import HostOutcome
 from flowrl.schema import ExecutionTrace
 from flowrl.segments import lifecycle, names
 from flowrl.segments.catalog import Catalog, Ref, ScanStats
@@ -41,7 +41,7 @@ from flowrl.segments.fs import Root, RootURL
 from flowrl.segments.problems import ProblemRecords
 from flowrl.segments.pushdown import row_filter
 from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
-from flowrl.store import ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
+from flowrl.store import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ FLUSH_ROWS = 1000
 FLUSH_SECONDS = 5.0
 
 
-class SegmentStore(ProblemRecords):
+class SegmentStore(ProblemRecords, OutcomeRecords):
     """Traces in Parquet segments under `spec` (a URL or a folder), written as `writer_id`."""
 
     def __init__(
@@ -164,16 +164,6 @@ class SegmentStore(ProblemRecords):
         self._catalog.view.add([Record(at, ("pending", len(self._side)), trace_id, "patch", fields, manual)])
         self._side.append((_day_of(trace), line))
         self._after_buffering(len(self._side))
-
-    def record_outcome(self, trace_id: str, outcome: HostOutcome | None = None, **fields: Any) -> HostOutcome:
-        """Append an outcome to a run (a `HostOutcome`, or its fields), durable when it returns."""
-        _check_id(trace_id)
-        if outcome is None:
-            outcome = make_outcome(**fields)
-        elif fields:
-            raise ConfigError("give an outcome or its fields, not both")
-        self.record_outcomes(trace_id, [outcome])
-        return outcome
 
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
         """Append checked outcomes to the side records and put them (with any buffered patch) at once."""
