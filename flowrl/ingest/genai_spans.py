@@ -10,21 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrl.ingest import langfuse
+from flowrl.ingest.langfuse import json_value
 from flowrl.ingest.otlp_spans import Span
 from flowrl.schema import LLMCall
 from flowrl.transcript import arguments_json, content_text
 
 # ---------------------------------------------------------------------------------------------
 # one LLM span -> messages
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _parts_message(msg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -63,7 +55,7 @@ def _parts_message(msg: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _parts_messages(value: Any) -> list[dict[str, Any]] | None:
-    value = _json(value)
+    value = json_value(value)
     if not isinstance(value, list):
         return None
     out: list[dict[str, Any]] = []
@@ -146,21 +138,22 @@ def _event_messages(span: Span) -> tuple[list[dict[str, Any]], list[dict[str, An
     inputs: list[dict[str, Any]] = []
     outputs: list[dict[str, Any]] = []
     for name, attrs in span.events:
-        body = _json(attrs.get("body") or attrs.get("gen_ai.event.content")) or attrs
+        body = json_value(attrs.get("body") or attrs.get("gen_ai.event.content")) or attrs
         body = body if isinstance(body, dict) else {"content": body}
         if name in _EVENT_ROLES:
-            msg = {"role": body.get("role") or _EVENT_ROLES[name], "content": content_text(_json(body.get("content")))}
-            calls = _json(body.get("tool_calls"))
+            content = content_text(json_value(body.get("content")))
+            msg = {"role": body.get("role") or _EVENT_ROLES[name], "content": content}
+            calls = json_value(body.get("tool_calls"))
             if isinstance(calls, list) and calls:
                 msg["tool_calls"] = calls
             if body.get("id") is not None and msg["role"] == "tool":
                 msg["tool_call_id"] = body["id"]
             inputs.append(msg)
         elif name == "gen_ai.choice" and not outputs:
-            message = _json(body.get("message")) or body
+            message = json_value(body.get("message")) or body
             if isinstance(message, dict):
-                msg = {"role": message.get("role") or "assistant", "content": _json(message.get("content"))}
-                calls = _json(message.get("tool_calls"))
+                msg = {"role": message.get("role") or "assistant", "content": json_value(message.get("content"))}
+                calls = json_value(message.get("tool_calls"))
                 if isinstance(calls, list) and calls:
                     msg["tool_calls"] = calls
                 outputs.append(msg)
@@ -178,7 +171,7 @@ class LLMSpan:
 
 
 def _tools(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    defs = _json(attrs.get("gen_ai.tool.definitions"))
+    defs = json_value(attrs.get("gen_ai.tool.definitions"))
     out: list[dict[str, Any]] = []
     if isinstance(defs, list):
         for d in defs:
@@ -189,14 +182,14 @@ def _tools(attrs: dict[str, Any]) -> list[dict[str, Any]]:
                     flat = {k: d[k] for k in ("name", "description", "parameters", "strict") if k in d}
                     out.append({"type": "function", "function": flat})
     for fields in _indexed(attrs, "llm.tools.").values():
-        schema = _json(fields.get("tool.json_schema"))
+        schema = json_value(fields.get("tool.json_schema"))
         if isinstance(schema, dict):
             out.append(schema if "function" in schema or "type" in schema else {"type": "function", "function": schema})
     for fields in _indexed(attrs, "llm.request.functions.").values():
         fn: dict[str, Any] = {"name": str(fields.get("name") or "")}
         if fields.get("description"):
             fn["description"] = fields["description"]
-        params = _json(fields.get("parameters"))
+        params = json_value(fields.get("parameters"))
         if params is not None:
             fn["parameters"] = params
         out.append({"type": "function", "function": fn})
@@ -212,7 +205,7 @@ def llm_span(span: Span) -> LLMSpan | None:
         convention = "gen_ai"
         inputs = _parts_messages(a.get("gen_ai.input.messages")) or []
         outputs = _parts_messages(a.get("gen_ai.output.messages")) or []
-        system = _parts_messages([{"role": "system", "parts": _json(a.get("gen_ai.system_instructions"))}])
+        system = _parts_messages([{"role": "system", "parts": json_value(a.get("gen_ai.system_instructions"))}])
         if a.get("gen_ai.system_instructions") and system and not any(m["role"] == "system" for m in inputs):
             inputs = system + inputs
     elif any(k.startswith("llm.input_messages.") or k.startswith("llm.output_messages.") for k in a):

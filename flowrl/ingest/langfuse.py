@@ -67,7 +67,8 @@ def kind(attrs: dict[str, Any]) -> str:
     return str(attrs.get(TYPE) or "").lower()
 
 
-def _json(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A span attribute that may hold JSON text, parsed (text that is not JSON, and any other value, as it is)."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -91,7 +92,7 @@ def _message(value: Any, role: str) -> dict[str, Any] | None:
 
 def generation(attrs: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(input messages, output messages, tool definitions) of a Langfuse generation's attributes."""
-    raw_in = _json(attrs.get(INPUT))
+    raw_in = json_value(attrs.get(INPUT))
     tools: list[dict[str, Any]] = []
     if isinstance(raw_in, dict) and isinstance(raw_in.get("messages"), list):
         for t in raw_in.get("tools") or []:
@@ -110,7 +111,7 @@ def generation(attrs: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
         msg = _message(m, "user")
         if msg is not None:
             inputs.append(msg)
-    raw_out = _json(attrs.get(OUTPUT))
+    raw_out = json_value(attrs.get(OUTPUT))
     if isinstance(raw_out, dict) and isinstance(raw_out.get("choices"), list) and raw_out["choices"]:
         first = raw_out["choices"][0]
         raw_out = first.get("message") if isinstance(first, dict) else first
@@ -124,7 +125,7 @@ def generation(attrs: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[s
 
 def usage(attrs: dict[str, Any]) -> tuple[int | None, int | None]:
     """(tokens in, tokens out) from `langfuse.observation.usage_details`."""
-    details = _json(attrs.get("langfuse.observation.usage_details"))
+    details = json_value(attrs.get("langfuse.observation.usage_details"))
     if not isinstance(details, dict):
         return None, None
 
