@@ -440,15 +440,7 @@ class TraceStore(ProblemRecords, OutcomeRecords):
             raw = read_regular_file(path)
         except OSError as exc:
             raise SchemaError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-        if not raw.strip():
-            raise SchemaError(f"{path}: empty file")
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise SchemaError(f"{path}: not valid JSON ({exc})") from exc
-        if isinstance(data, dict) and not data.get("trace_id"):
-            data["trace_id"] = _id_from_name(Path(path))
-        return load_trace(data, origin=str(path))
+        return trace_from_json(raw, str(path), Path(path))
 
     # -- the host's outcomes (side records, `flowrl.store_outcomes`) ----------------------------------
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
@@ -528,6 +520,20 @@ def _id_from_name(path: Path) -> str:
             "'-', '.'): add a \"trace_id\" field or rename the file"
         )
     return path.stem
+
+
+def trace_from_json(raw: bytes, where: str, file: Path | None) -> ExecutionTrace:
+    """A stored trace's JSON as a trace: empty and invalid JSON are SchemaErrors naming `where`; a trace without
+    an id takes it from its file's name (`file`, when it came from one)."""
+    if not raw.strip():
+        raise SchemaError(f"{where}: empty file")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(f"{where}: not valid JSON ({exc})") from exc
+    if isinstance(data, dict) and not data.get("trace_id") and file is not None:
+        data["trace_id"] = _id_from_name(file)
+    return load_trace(data, origin=where)
 
 
 def _check_id(trace_id: str) -> None:

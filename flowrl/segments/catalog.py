@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from flowrl.errors import SchemaError
-from flowrl.schema import ExecutionTrace, load_trace
+from flowrl.schema import ExecutionTrace
 from flowrl.segments import names
 from flowrl.segments.format import NotASegment, Segment
 from flowrl.segments.fs import Root
 from flowrl.segments.sidecar import SideView, parse
+from flowrl.store import trace_from_json
 from flowrl.store_index import day_dirs, trace_files, valid_day
 from flowrl.store_outcomes import ids_with_outcomes
 
@@ -256,7 +255,7 @@ class Catalog:
                 raw = self.root.read(ref.path)
             except OSError as exc:
                 raise SchemaError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
-            return _trace_from_json(raw, where, ref.path.rsplit("/", 1)[-1][: -len(".json")])
+            return trace_from_json(raw, where, Path(ref.path.rsplit("/", 1)[-1]))
         with self.lock:
             try:
                 segment = self._segment(ref.path)
@@ -265,7 +264,7 @@ class Catalog:
                 raw = rows[ref.row - segment.row_groups[group]]
             except (NotASegment, OSError, IndexError) as exc:
                 raise SchemaError(f"{where}: cannot read: {exc}") from exc
-        return _trace_from_json(raw, where, None)
+        return trace_from_json(raw, where, None)
 
     def columns(self, path: str, names: list[str]) -> dict[str, list[Any]] | None:
         """Whole columns of a segment that holds them all (None for one written without them, as segment-v1).
@@ -310,18 +309,3 @@ class Catalog:
                 fh.close()
             self._open.clear()
             self._groups.clear()
-
-
-def _trace_from_json(raw: bytes, where: str, stem: str | None) -> ExecutionTrace:
-    """As `TraceStore.read_file` parses a file: empty, invalid JSON and a missing id (from the name) handled."""
-    from flowrl.store import _id_from_name
-
-    if not raw.strip():
-        raise SchemaError(f"{where}: empty")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise SchemaError(f"{where}: not valid JSON ({exc})") from exc
-    if isinstance(data, dict) and not data.get("trace_id") and stem is not None:
-        data["trace_id"] = _id_from_name(Path(f"{stem}.json"))
-    return load_trace(data, origin=where)
