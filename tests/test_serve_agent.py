@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ def _serve(args: list[str], tmp_path: Path, wait_s: float = 240) -> tuple[subpro
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        preexec_fn=_ctrl_c_reaches_it,
     )
     deadline = time.monotonic() + wait_s
     seen = []
@@ -51,9 +53,20 @@ def _serve(args: list[str], tmp_path: Path, wait_s: float = 240) -> tuple[subpro
     raise AssertionError("flowrl serve did not start:\n" + "".join(seen))
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the server before it starts: Ctrl-C as a terminal sends it. A shell without job control (`make test &`,
+    `nohup`) starts its background jobs with SIGINT ignored, and the server would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(2)  # Ctrl-C
-    out, _ = proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # not stopped: fail, and leave no server behind
+            proc.kill()
+            proc.communicate()
     return out
 
 
