@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from flowrl.conversation import Conversation
 from flowrl.data.sinks import RawJSON, RawJSONList
+
+if TYPE_CHECKING:
+    from flowrl.segments.columns import ColumnRows
 
 COLUMNS = [
     "trace_id",
@@ -94,13 +97,17 @@ class RowView:
 
 @dataclass
 class PackedConversation(Conversation):
-    """A conversation from the derived columns: messages as `RawJSON`, steps, characters and key precomputed."""
+    """A conversation from the derived columns: messages as `RawJSON`, steps, characters and key precomputed.
+    Without messages (`rows(..., messages=False)`) it carries where its columns are instead (`batch`, `row`: the
+    segment's table and the trace's row in it), for a build that makes rows a segment at a time."""
 
     steps: list[int] = field(default_factory=list)
     prefix: list[int] = field(default_factory=list)  # prefix[i]: characters of messages[:i]
     dedupe_key: bytes = b""
     tool_calls: bool = False
     texts: list[str] = field(default_factory=list)  # the messages' JSON
+    batch: ColumnRows | None = None
+    row: int = -1
 
     def assistant_indices(self) -> list[int]:
         return self.steps
@@ -119,21 +126,31 @@ class PackedConversation(Conversation):
         return RawJSONList(self.texts[:end])
 
 
-def rows(store: Any, flt: Any) -> Iterator[tuple[str, RowView | None, PackedConversation | None]]:
+SCALARS = [c for c in COLUMNS if c not in ("conv_messages", "conv_chars", "conv_tools")]
+
+
+def rows(
+    store: Any, flt: Any, *, messages: bool = True
+) -> Iterator[tuple[str, RowView | None, PackedConversation | None]]:
     """`(ref, view, conversation)` per stored trace in listing order; `(ref, None, None)` for one to read whole.
-    A view that `flt` rules out comes without a conversation."""
+    A view that `flt` rules out comes without a conversation. `messages=False`: conversations without their
+    messages (see `PackedConversation`)."""
     side: set[str] | None = None
     for batch in store.scan_columns(flt, COLUMNS):
         if side is None:  # after the listing has read the side records
             side = store.side_ids()
-        cols = batch.columns
-        if cols is None:
+        if batch.table is None:
             for ref in batch.refs:
                 yield ref, None, None
             continue
+        cols = batch.lists(SCALARS + (["conv_messages", "conv_chars", "conv_tools"] if messages else []))
+        if not messages:
+            whole = batch.table.column("conv_messages").is_null()
+            cols["missing"] = (
+                whole.take(batch.index).to_pylist() if len(batch.index) != len(whole) else whole.to_pylist()
+            )
         for i, ref in enumerate(batch.refs):
-            messages = cols["conv_messages"][i]
-            if messages is None or cols["llm_calls"][i]:
+            if (cols["conv_messages"][i] is None if messages else cols["missing"][i]) or cols["llm_calls"][i]:
                 yield ref, None, None
                 continue
             view = _view(store, cols, i, side)
@@ -141,8 +158,10 @@ def rows(store: Any, flt: Any) -> Iterator[tuple[str, RowView | None, PackedConv
                 yield ref, None, None
             elif not flt.matches(view):
                 yield ref, view, None
+            elif messages:
+                yield ref, view, _conversation(cols, i, cols["conv_messages"][i])
             else:
-                yield ref, view, _conversation(cols, i, messages)
+                yield ref, view, _light(cols, i, batch)
 
 
 def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:
@@ -222,4 +241,18 @@ def _conversation(cols: dict[str, list[Any]], i: int, messages: list[str]) -> Pa
         prefix=prefix,
         dedupe_key=cols["conv_key"][i],
         tool_calls=cols["conv_tool_calls"][i],
+    )
+
+
+def _light(cols: dict[str, list[Any]], i: int, batch: ColumnRows) -> PackedConversation:
+    return PackedConversation(
+        messages=[],
+        tools=None,
+        prompt_end=cols["conv_prompt_end"][i],
+        synthesized=cols["conv_synthesized"][i],
+        steps=cols["conv_steps"][i],
+        dedupe_key=cols["conv_key"][i],
+        tool_calls=cols["conv_tool_calls"][i],
+        batch=batch,
+        row=batch.index[i],  # type: ignore[index]
     )

@@ -76,15 +76,27 @@ class KTODatasetBuilder(DatasetBuilder):
             }
         )
 
-    def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
+    def trace_label(self, trace: ExecutionTrace, ctx: RowContext) -> tuple[bool, str] | None:
+        """The label every row of `trace` carries and where it came from; None (counted) for an unlabelled run."""
         label, source = effective_label(trace, self.threshold)
         if label is None:
             ctx.stats.skip("unlabelled (no label, no reward)")
+            return None
+        ctx.stats.label_sources[source] += 1
+        return label, source
+
+    def first_row(self, steps: int) -> int:
+        """The first of a run's `steps` assistant messages that gets a row."""
+        return 0 if self.rows == "step" else max(0, steps - 1)
+
+    def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
+        labelled = self.trace_label(trace, ctx)
+        if labelled is None:
             return
+        label, source = labelled
         all_steps = conv.assistant_indices()
         calls = aligned_calls(trace, len(all_steps))
-        first = 0 if self.rows == "step" else max(0, len(all_steps) - 1)
-        ctx.stats.label_sources[source] += 1
+        first = self.first_row(len(all_steps))
         prompt_chars = conv.chars(0, all_steps[first]) if all_steps else 0
         for n in range(first, len(all_steps)):
             index = all_steps[n]

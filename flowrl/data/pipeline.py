@@ -31,9 +31,10 @@ from flowrl.conversation import Conversation, trace_conversation
 from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
+from flowrl.data.columnar_kto import Pending, kto_rows
 from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
-from flowrl.data.kto import kto_weights
+from flowrl.data.kto import KTODatasetBuilder, kto_weights
 from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
@@ -109,6 +110,7 @@ class _Source:
         self.flt = filters.trace_filter()
         self.stats = stats
         self.columnar = False
+        self.batched = False  # rows a segment at a time (`flowrl.data.columnar_kto`): conversations without messages
 
     def operation(self) -> Any:
         import contextlib
@@ -134,7 +136,7 @@ class _Source:
                     yield None, trace, None
             return
         if self.columnar:
-            for ref, view, conv in columnar.rows(self.store, self.flt):
+            for ref, view, conv in columnar.rows(self.store, self.flt, messages=not self.batched):
                 if view is None:
                     self.stats.read_whole += 1
                     yield self._read(ref, None)
@@ -212,6 +214,7 @@ class DatasetPipeline:
         if src.store is not None:
             why_not = columnar.reason_not(self.builder, src.store, self)
             src.columnar = self.stats.columnar = why_not is None
+            src.batched = src.columnar and isinstance(self.builder, KTODatasetBuilder)
             log.debug(
                 "flowrl: %s build%s", "columnar" if why_not is None else "row-by-row", f" ({why_not})" * bool(why_not)
             )
@@ -251,6 +254,7 @@ class DatasetPipeline:
             self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
         seen: set[bytes] = set()
+        run: list[Pending] = []  # traces of one segment whose rows are made together (`src.batched`)
         for done, (ref, trace, packed) in enumerate(src.scan(), 1):
             if on_progress and (done % 500 == 0 or done == total):
                 on_progress("read", done, total)
@@ -270,11 +274,19 @@ class DatasetPipeline:
             else:
                 group_id = self.grouper.key(trace)
             split = split_for(group_id, self.val_fraction, self.seed)
+            batch = getattr(conv, "batch", None)
+            if run and (batch is None or batch is not run[0].batch):
+                self._add_run(sink, run)
+            if batch is not None:
+                self._pend(run, trace, conv, RowContext(group_id, self.stats), split)
+                continue
             used = False
             for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
                 self._add(sink, split, row)
                 used = True
             self.stats.traces_used += used
+        if run:
+            self._add_run(sink, run)
         if on_progress:
             on_progress("read", total or 0, total)
         if self.builder.grouped:
@@ -323,6 +335,32 @@ class DatasetPipeline:
                 self._add(sink, split, row)
                 used.update(row_trace_ids(row))
         self.stats.traces_used = len(used)
+
+    def _pend(self, run: list[Pending], view: Any, conv: Any, ctx: RowContext, split: str) -> None:
+        builder = cast(KTODatasetBuilder, self.builder)
+        labelled = builder.trace_label(view, ctx)
+        if labelled is None:
+            return
+        first = builder.first_row(len(conv.steps))
+        run.append(
+            Pending(conv.batch, conv.row, first, *labelled, split, ctx.group_id, view.trace_id, view.reward_score)
+        )
+
+    def _add_run(self, sink: DiskSink | MemorySink, run: list[Pending]) -> None:
+        """The rows of `run` (traces of one segment) made with Arrow, added as `_add` adds rows one by one."""
+        assert isinstance(sink, DiskSink)
+        made = kto_rows(run[0].batch.table, run, self.builder.max_chars, sink.features.arrow_schema)
+        run.clear()
+        self.stats.dropped_too_long += made.dropped
+        self.stats.traces_used += made.used
+        sink.add_batch(made.split, made.table, made.lines)
+        for split in dict.fromkeys(made.split.tolist()):  # in the order the rows come
+            labels = made.label[made.split == split]
+            self.stats.rows[split] += len(labels)
+            for label in (bool(labels[0]), not labels[0]):
+                n = int((labels == label).sum())
+                if n:
+                    self.stats.labels.setdefault(split, Counter())["true" if label else "false"] += n
 
     def _add(self, sink: DiskSink | MemorySink, split: str, row: dict[str, Any]) -> None:
         if self.budget is not None:

@@ -83,6 +83,22 @@ class Shuffle:
         self._pos += 1
         return self._ids[self._pos - 1]
 
+    def take(self, n: int) -> Any:
+        """The buckets of the next `n` rows (numpy), as `n` calls of `bucket` give them."""
+        import numpy as np
+
+        if not self.shuffle:
+            return np.zeros(n, dtype=np.int64)
+        parts = []
+        while n:
+            if self._pos == len(self._ids):
+                self._ids, self._pos = self._rng.integers(0, BUCKETS, SHUFFLE_BLOCK).tolist(), 0
+            got = self._ids[self._pos : self._pos + n]
+            self._pos += len(got)
+            n -= len(got)
+            parts.append(got)
+        return np.array([b for part in parts for b in part], dtype=np.int64)
+
     def permutation(self, bucket: int, n: int) -> Any:
         import numpy as np
 
@@ -148,6 +164,31 @@ class DiskSink:
             spool = spools[bucket] = _Spool(self.tmp / f"{split}-{bucket:02d}", self.features)
         spool.add(row)
 
+    def add_batch(self, splits: Any, table: Any, lines: Any) -> None:
+        """Rows made with Arrow (`flowrl.data.columnar_kto`): `table` in the features' schema, each row's JSON line
+        (a string array, newlines included) and split (a numpy array), spooled as `add` would spool them one by
+        one. One `take` puts the rows in (split, bucket) order; each spool gets a slice."""
+        import numpy as np
+
+        names = list(dict.fromkeys(splits.tolist()))  # in the order the rows come
+        spool_of = np.empty(len(splits), dtype=np.int64)
+        for rank, split in enumerate(names):
+            entry = self._splits.get(split)
+            if entry is None:
+                entry = self._splits[split] = (Shuffle(self.seed, split in self.shuffle), {})
+            mask = splits == split
+            spool_of[mask] = rank * BUCKETS + entry[0].take(int(mask.sum()))
+        perm = np.argsort(spool_of, kind="stable")
+        table, lines, spool_of = table.take(perm), lines.take(perm), spool_of[perm]
+        cuts = np.flatnonzero(np.diff(spool_of)) + 1
+        for begin, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(perm)], strict=True):
+            split, bucket = names[spool_of[begin] // BUCKETS], int(spool_of[begin] % BUCKETS)
+            spools = self._splits[split][1]
+            spool = spools.get(bucket)
+            if spool is None:
+                spool = spools[bucket] = _Spool(self.tmp / f"{split}-{bucket:02d}", self.features)
+            spool.add_batch(table.slice(begin, end - begin), lines.slice(begin, end - begin))
+
     def counts(self) -> dict[str, int]:
         return {k: sum(len(s.offsets) for s in spools.values()) for k, (_o, spools) in self._splits.items()}
 
@@ -172,14 +213,11 @@ class DiskSink:
                 for bucket in sorted(spools):
                     spool = spools[bucket]
                     spool.close()
-                    perm = order.permutation(bucket, len(spool.offsets))
-                    lines = spool.lines_path.read_bytes()
-                    starts, ends = spool.offsets, array("q", spool.offsets[1:]) + array("q", [spool.pos])
-                    jsonl.write(b"".join([lines[starts[i] : ends[i]] for i in perm]))
-                    del lines
+                    perm = pa.array(order.permutation(bucket, len(spool.offsets)))
+                    jsonl.write(spool.lines(perm))
                     with pa.OSFile(str(spool.ipc_path)) as ipc:
                         table = pa.ipc.open_file(ipc).read_all()
-                    writer.write_table(table.take(pa.array(perm)))
+                    writer.write_table(table.take(perm))
                     del table
                     spool.remove()
                     done += len(perm)
@@ -210,9 +248,13 @@ class _Spool:
         self._first = self._columns[next(iter(features))]
         self.offsets = array("q")
         self.pos = 0
+        self._tables: list[Any] = []  # batches from `add_batch`, written when SPOOL_BATCH rows are waiting
+        self._table_rows = 0
         self._closed = False
 
     def add(self, row: dict[str, Any]) -> None:
+        if self._tables:
+            self._write_tables()
         line = _dumps(row)
         self.offsets.append(self.pos)
         self.pos += len(line)
@@ -221,6 +263,43 @@ class _Spool:
             append(convert(row.get(name)))
         if len(self._first) >= SPOOL_BATCH:
             self._spill()
+
+    def add_batch(self, table: Any, lines: Any) -> None:
+        import numpy as np
+
+        if self._first:
+            self._spill()
+        where = _offsets(lines, np.int32)  # of the rows' text in the data buffer
+        self.offsets.extend((where[:-1] - where[0] + self.pos).tolist())
+        self._lines.write(memoryview(lines.buffers()[2])[where[0] : where[-1]])
+        self.pos += int(where[-1] - where[0])
+        self._tables.append(table)
+        self._table_rows += table.num_rows
+        if self._table_rows >= SPOOL_BATCH:
+            self._write_tables()
+
+    def _write_tables(self) -> None:
+        import pyarrow as pa
+
+        self._ipc.write_table(pa.concat_tables(self._tables).combine_chunks())
+        self._tables, self._table_rows = [], 0
+
+    def lines(self, perm: Any) -> bytes:
+        """The spooled JSON lines in the order `perm` (an Arrow array of positions) gives."""
+        import numpy as np
+        import pyarrow as pa
+
+        data = pa.py_buffer(self.lines_path.read_bytes())
+        starts = array("q", self.offsets)
+        starts.append(self.pos)
+        spooled = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(self.offsets), [None, pa.py_buffer(starts), data]
+        )
+        taken = spooled.take(perm)
+        if not len(taken):
+            return b""
+        where = _offsets(taken, np.int64)
+        return memoryview(taken.buffers()[2])[where[0] : where[-1]].tobytes()
 
     def _spill(self) -> None:
         import pyarrow as pa
@@ -236,12 +315,23 @@ class _Spool:
         self._closed = True
         if self._first:
             self._spill()
+        if self._tables:
+            self._write_tables()
         self._ipc.close()
         self._lines.close()
 
     def remove(self) -> None:
         self.lines_path.unlink(missing_ok=True)
         self.ipc_path.unlink(missing_ok=True)
+
+
+def _offsets(array: Any, dtype: Any) -> Any:
+    """Where each value of a (large) string or binary Arrow array starts in its data buffer, and where the last
+    ends (numpy int64)."""
+    import numpy as np
+
+    offsets = np.frombuffer(array.buffers()[1], dtype=dtype)
+    return offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
 
 
 def _converter(feature: Any) -> Callable[[Any], Any]:

@@ -266,12 +266,12 @@ class Catalog:
                 raise SchemaError(f"{where}: cannot read: {exc}") from exc
         return trace_from_json(raw, where, None)
 
-    def columns(self, path: str, names: list[str]) -> dict[str, list[Any]] | None:
-        """Whole columns of a segment that holds them all (None for one written without them, as segment-v1).
-        NotASegment or OSError when it cannot be read."""
+    def columns(self, path: str, names: list[str]) -> Any:
+        """Whole columns of a segment that holds them all, as an Arrow table (None for one written without them,
+        as segment-v1). NotASegment or OSError when it cannot be read."""
         with self.lock:
             segment = self._segment(path)
-            return segment.columns(names) if segment.derived else None
+            return segment.table(names) if segment.derived else None
 
     def _segment(self, path: str) -> Segment:
         hit = self._open.get(path)

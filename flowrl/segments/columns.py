@@ -19,10 +19,20 @@ from flowrl.segments.format import NotASegment
 @dataclass
 class ColumnRows:
     """Consecutive rows of a listing: their refs (as `iter_paths` gives them) and, for a segment that holds
-    them, the asked columns of those rows (None: read each ref whole)."""
+    them, the segment's asked columns as an Arrow table with the rows the refs stand for (`index`, ascending);
+    `table` None: read each ref whole."""
 
     refs: list[str]
-    columns: dict[str, list[Any]] | None
+    table: Any = None
+    index: list[int] | None = None
+
+    def lists(self, names: list[str]) -> dict[str, list[Any]]:
+        """The listed rows' values of `names` as Python lists, in the refs' order."""
+        assert self.table is not None and self.index is not None
+        table = self.table.select(names)
+        if len(self.index) != table.num_rows:
+            table = table.take(self.index)
+        return {name: table.column(name).to_pylist() for name in names}
 
 
 def scan(catalog: Catalog, refs: Iterator[Ref], columns: list[str]) -> Iterator[ColumnRows]:
@@ -39,11 +49,11 @@ def scan(catalog: Catalog, refs: Iterator[Ref], columns: list[str]) -> Iterator[
 def _rows(catalog: Catalog, batch: list[Ref], columns: list[str]) -> ColumnRows:
     refs = [catalog.ref_text(ref) for ref in batch]
     if batch[0].row < 0:
-        return ColumnRows(refs, None)
+        return ColumnRows(refs)
     try:
         table = catalog.columns(batch[0].path, columns)
     except (NotASegment, OSError):  # each row is read whole, and reported unreadable the usual way
         table = None
     if table is None:
-        return ColumnRows(refs, None)
-    return ColumnRows(refs, {name: [values[ref.row] for ref in batch] for name, values in table.items()})
+        return ColumnRows(refs)
+    return ColumnRows(refs, table, [ref.row for ref in batch])

@@ -137,12 +137,17 @@ class Segment:
             first += self._file.metadata.row_group(i).num_rows
         self.rows = first
 
-    def columns(self, names: list[str]) -> dict[str, list[Any]]:
-        """Scalar columns as Python lists. NotASegment when the file cannot be decoded after all."""
+    def table(self, names: list[str]) -> Any:
+        """Whole columns as an Arrow table, one chunk a column. NotASegment when the file cannot be decoded
+        after all."""
         try:
-            table = self._file.read(columns=names)
+            return self._file.read(columns=names).combine_chunks()
         except Exception as exc:
             raise NotASegment(f"{self.location}: unreadable Parquet ({exc})") from exc
+
+    def columns(self, names: list[str]) -> dict[str, list[Any]]:
+        """Scalar columns as Python lists."""
+        table = self.table(names)
         return {name: table.column(name).to_pylist() for name in names}
 
     def group_of(self, row: int) -> int:
