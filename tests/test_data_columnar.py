@@ -123,3 +123,78 @@ def test_a_grouped_method_or_a_json_store_builds_row_by_row(tmp_path: Path, monk
     assert columnar.reason_not(make_builder("sft"), store, DatasetPipeline(make_builder("sft"))) is not None
     assert columnar.reason_not(make_builder("kto"), TraceStore(tmp_path / "j"), DatasetPipeline(make_builder("kto")))
     assert columnar.reason_not(make_builder("kto"), store, DatasetPipeline(make_builder("kto"))) is None
+
+
+def _segments(root: Path) -> SegmentStore:
+    """Twelve segments, rows of every bucket in each, and runs with token ids between them (read whole by the
+    pipeline's own process while the workers make the others)."""
+    traces = [synthetic_trace(i, n_tasks=9) for i in range(300)]
+    for trace in traces[::25]:
+        steps = sum(m["role"] == "assistant" for m in trace.messages)
+        trace.llm_calls = [LLMCall(prompt_token_ids=[1, 2], token_ids=[3]) for _ in range(steps)]
+    store = SegmentStore(root, writer_id="w")
+    for start in range(0, 300, 25):
+        store.write_many(traces[start : start + 25])
+        store.flush()
+    return store
+
+
+@pytest.mark.parametrize("options", [{}, {"builder": {"rows": "final"}, "val_fraction": 0.4, "seed": 3}])
+def test_a_build_on_two_worker_processes_is_the_same_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    store = _segments(tmp_path / "store")
+    pipeline = DatasetPipeline(make_builder("kto", **options.get("builder", {})), workers=2, **_rest(options))
+    fast = pipeline.build(store, tmp_path / "fast")
+    slow = _build(store, tmp_path / "slow", row_by_row=True, monkeypatch=monkeypatch, **dict(options))
+    assert sorted(pipeline.worker_peaks) == [0, 1] and fast.stats.read_whole == 12
+    assert len(list((fast.out / "train").glob("*.arrow"))) == 2  # each worker wrote half the buckets
+    for split in fast.counts:
+        assert (fast.out / "data" / f"{split}.jsonl").read_bytes() == (
+            slow.out / "data" / f"{split}.jsonl"
+        ).read_bytes()
+    f, s = fast.stats.to_dict(), slow.stats.to_dict()
+    for d in (f, s):
+        d.pop("columnar"), d.pop("read_whole")
+    assert f == s and fast.counts == slow.counts
+    import datasets
+
+    for split in fast.counts:
+        assert (
+            datasets.load_from_disk(str(fast.out))[split].to_list()
+            == datasets.load_from_disk(str(slow.out))[split].to_list()
+        )
+
+
+def _rest(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "builder"}
+
+
+def test_workers_are_said_to_be_unused_where_a_build_cannot_use_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _segments(tmp_path / "store")
+    memory = SegmentStore("memory://flowrl-workers-test", writer_id="m")
+    memory.write_many([synthetic_trace(i, n_tasks=9) for i in range(40)])
+    memory.flush()
+    for source, method, why in [(store, "sft", "groups runs"), (memory, "kto", "in this process's memory")]:
+        caplog.clear()
+        result = DatasetPipeline(make_builder(method), workers=2).build(source, tmp_path / f"out-{method}")
+        assert sum(result.counts.values()) > 0
+        (line,) = [r.getMessage() for r in caplog.records if "--workers" in r.getMessage()]
+        assert "runs in one process" in line and why in line
+
+
+def test_a_worker_that_fails_stops_the_build_with_its_error(tmp_path: Path) -> None:
+    from flowrl.data.columnar_kto import Plan
+    from flowrl.data.workers import SegmentTask, WorkerError, Workers
+
+    schema = make_builder("kto").features().arrow_schema
+    pool = Workers(1, str(tmp_path), schema, tmp_path / "tmp")
+    try:
+        missing = str(tmp_path / "gone.parquet")
+        pool.submit(SegmentTask(missing, missing, Plan(*[None] * 7, 0, 0), ["train"], None, None))
+        with pytest.raises(WorkerError, match=r"build worker 0 failed: .*gone\.parquet"):
+            pool.spooled()
+    finally:
+        pool.terminate(wait=False)

@@ -59,6 +59,9 @@ def build_dataset(
     parquet: bool = typer.Option(False, "--parquet", help="Also write data/{split}.parquet."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a dataset already in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    workers: int = typer.Option(
+        1, help="KTO from a segment store: make the rows in this many more processes (others say so and use one)."
+    ),
     kto_rows: str | None = typer.Option(None, help="KTO: one row per assistant 'step' (default) or per 'final' turn."),
     threshold: float | None = typer.Option(None, help="KTO: label = reward_score >= this (manual labels still win)."),
     min_group_size: int | None = typer.Option(None, help="grpo-offline: smallest group kept (default 2)."),
@@ -127,6 +130,7 @@ def build_dataset(
         val_fraction=val_fraction,
         seed=seed,
         budget=budget,
+        workers=workers,
     )
     st = open_store(store)
     try:

@@ -127,30 +127,26 @@ class PackedConversation(Conversation):
 
 
 SCALARS = [c for c in COLUMNS if c not in ("conv_messages", "conv_chars", "conv_tools")]
+MESSAGES = ["conv_messages", "conv_chars", "conv_tools"]
 
 
 def rows(
-    store: Any, flt: Any, *, messages: bool = True
+    store: Any, flt: Any, *, messages: bool = True, columns: list[str] = MESSAGES
 ) -> Iterator[tuple[str, RowView | None, PackedConversation | None]]:
     """`(ref, view, conversation)` per stored trace in listing order; `(ref, None, None)` for one to read whole.
     A view that `flt` rules out comes without a conversation. `messages=False`: conversations without their
-    messages (see `PackedConversation`)."""
+    messages (see `PackedConversation`), with the segment's `columns` read besides the scalar ones."""
     side: set[str] | None = None
-    for batch in store.scan_columns(flt, COLUMNS):
+    for batch in store.scan_columns(flt, SCALARS + [c for c in (MESSAGES if messages else columns)]):
         if side is None:  # after the listing has read the side records
             side = store.side_ids()
         if batch.table is None:
             for ref in batch.refs:
                 yield ref, None, None
             continue
-        cols = batch.lists(SCALARS + (["conv_messages", "conv_chars", "conv_tools"] if messages else []))
-        if not messages:
-            whole = batch.table.column("conv_messages").is_null()
-            cols["missing"] = (
-                whole.take(batch.index).to_pylist() if len(batch.index) != len(whole) else whole.to_pylist()
-            )
+        cols = batch.lists(SCALARS + (MESSAGES if messages else []))
         for i, ref in enumerate(batch.refs):
-            if (cols["conv_messages"][i] is None if messages else cols["missing"][i]) or cols["llm_calls"][i]:
+            if cols["conv_steps"][i] is None or cols["llm_calls"][i]:  # no chat derived (all its columns null)
                 yield ref, None, None
                 continue
             view = _view(store, cols, i, side)

@@ -22,7 +22,7 @@ class Pending:
     """A trace that gets rows: its segment (`ColumnRows`), its row in the segment's table, and what the pipeline
     decided for it."""
 
-    batch: Any
+    batch: Any  # the segment's `ColumnRows`
     row: int
     first: int  # the first assistant step with a row (`KTODatasetBuilder.first_row`)
     label: bool
@@ -34,25 +34,28 @@ class Pending:
 
 
 @dataclass
-class Rows:
-    """The rows of a run of traces, in the order the row-by-row build makes them."""
+class Plan:
+    """The rows of a run of traces of one segment, in the order the row-by-row build makes them, before their
+    text: made from the small columns (`conv_steps`, `conv_chars`) where the traces are decided; the text is
+    added by `materialize`, in that process or another one (`flowrl.data.workers`)."""
 
-    table: Any  # pa.Table in the builder's features' schema
-    lines: Any  # pa.StringArray: each row's JSON line, newline included
-    split: Any  # np.ndarray of the rows' split names
-    label: Any  # np.ndarray of bool
+    rows: Any  # numpy: each trace's row in the segment
+    parent: Any  # numpy, per row: which trace
+    step: Any  # numpy, per row: the assistant step's number
+    index: Any  # numpy, per row: the completion's message index in its trace
+    split: Any  # numpy, per row: the split
+    label: Any  # numpy, per row: bool
+    traces: dict[str, list[Any]]  # per trace: label, source, group_id, trace_id, reward
     dropped: int  # rows over max_chars
     used: int  # traces with at least one row
 
 
-def kto_rows(table: Any, pending: list[Pending], max_chars: int | None, schema: Any) -> Rows:
-    """The KTO rows of `pending` (traces of one segment, in listing order) from the segment's `table`
-    (`conv_messages`, `conv_chars`, `conv_steps`, `conv_tools`, one chunk each)."""
+def plan(table: Any, pending: list[Pending], max_chars: int | None) -> Plan:
+    """The rows of `pending` (traces of one segment, in listing order) from the segment's `table`
+    (`conv_steps`, `conv_chars`, one chunk each)."""
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
-    messages, chars, steps = (table.column(n).chunk(0) for n in ("conv_messages", "conv_chars", "conv_steps"))
+    chars, steps = (table.column(n).chunk(0) for n in ("conv_chars", "conv_steps"))
     rows = np.array([p.row for p in pending], dtype=np.int64)
     first = np.array([p.first for p in pending], dtype=np.int64)
 
@@ -74,11 +77,30 @@ def kto_rows(table: Any, pending: list[Pending], max_chars: int | None, schema: 
         if max_chars is None
         else prefix[char_off + index] - prefix[char_off] + completion_chars <= max_chars
     )
-    dropped = int(len(fits) - fits.sum())
     parent, step, index = parent[fits], step[fits], index[fits]
-    used = int(np.unique(parent).size)
+    labels = np.array([p.label for p in pending], dtype=bool)
+    traces = {
+        "label": labels.tolist(),
+        "source": [p.source for p in pending],
+        "group_id": [p.group_id for p in pending],
+        "trace_id": [p.trace_id for p in pending],
+        "reward": [p.reward for p in pending],
+    }
+    split = np.array([p.split for p in pending], dtype=object)[parent]
+    dropped = int(len(fits) - fits.sum())
+    return Plan(rows, parent, step, index, split, labels[parent], traces, dropped, int(np.unique(parent).size))
 
-    start = messages.offsets.to_numpy().astype(np.int64)[rows][parent]
+
+def materialize(table: Any, plan: Plan, schema: Any) -> tuple[Any, Any]:
+    """The planned rows as an Arrow table in `schema` and their JSON lines (newlines included), from the segment's
+    `table` (`conv_messages`, `conv_tools`, one chunk each)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    messages = table.column("conv_messages").chunk(0)
+    parent, index, traces = plan.parent, plan.index, plan.traces
+    start = messages.offsets.to_numpy().astype(np.int64)[plan.rows][parent]
     prompt_off = np.concatenate([[0], np.cumsum(index)])
     gather = np.repeat(start - prompt_off[:-1], index) + np.arange(prompt_off[-1])
     texts = messages.values
@@ -88,32 +110,40 @@ def kto_rows(table: Any, pending: list[Pending], max_chars: int | None, schema: 
     n = len(parent)
     take = pa.array(parent)
 
-    tools = table.column("conv_tools").chunk(0).take(pa.array(rows))
+    tools = table.column("conv_tools").chunk(0).take(pa.array(plan.rows))
     tools_json = pc.if_else(pc.equal(tools, "null"), pa.scalar(None, pa.string()), tools)
-    labels = np.array([p.label for p in pending], dtype=bool)
+    step = pa.array(plan.step, pa.int32())
     columns = {
         "prompt": pa.ListArray.from_arrays(offsets, _json(prompt_texts)),
         "completion": pa.ListArray.from_arrays(pa.array(np.arange(n + 1), pa.int32()), _json(completion_texts)),
-        "label": pa.array(labels[parent]),
+        "label": pa.array(plan.label),
         "tools": _json(tools_json.take(take)),
-        "trace_id": pa.array([p.trace_id for p in pending], pa.string()).take(take),
-        "group_id": pa.array([p.group_id for p in pending], pa.string()).take(take),
-        "step": pa.array(step, pa.int32()),
-        "reward": pa.array([p.reward for p in pending], pa.float64()).take(take),
-        "label_source": pa.array([p.source for p in pending], pa.string()).take(take),
+        "trace_id": pa.array(traces["trace_id"], pa.string()).take(take),
+        "group_id": pa.array(traces["group_id"], pa.string()).take(take),
+        "step": step,
+        "reward": pa.array(traces["reward"], pa.float64()).take(take),
+        "label_source": pa.array(traces["source"], pa.string()).take(take),
         "captured": pa.nulls(n, pa.json_()),
     }
     out = pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
     # the JSON line: '{"prompt":[' prompt '],"completion":[' completion mid step end
     mid = pc.binary_join_element_wise(
-        pa.array([f'],"label":{"true" if p.label else "false"},"tools":' for p in pending]),
+        pa.array([f'],"label":{"true" if label else "false"},"tools":' for label in traces["label"]]),
         tools,
-        pa.array([f',"trace_id":{_text(p.trace_id)},"group_id":{_text(p.group_id)},"step":' for p in pending]),
+        pa.array(
+            [
+                f',"trace_id":{_text(t)},"group_id":{_text(g)},"step":'
+                for t, g in zip(traces["trace_id"], traces["group_id"], strict=True)
+            ]
+        ),
         "",
     )
     end = pa.array(
-        [f',"reward":{_text(p.reward)},"label_source":{_text(p.source)},"captured":null}}\n' for p in pending]
+        [
+            f',"reward":{_text(r)},"label_source":{_text(s)},"captured":null}}\n'
+            for r, s in zip(traces["reward"], traces["source"], strict=True)
+        ]
     )
     lines = pc.binary_join_element_wise(
         '{"prompt":[',
@@ -121,12 +151,11 @@ def kto_rows(table: Any, pending: list[Pending], max_chars: int | None, schema: 
         '],"completion":[',
         completion_texts,
         mid.take(take),
-        pc.cast(columns["step"], pa.string()),
+        pc.cast(step, pa.string()),
         end.take(take),
         "",
     )
-    splits = np.array([p.split for p in pending], dtype=object)
-    return Rows(out, lines, splits[parent], labels[parent], dropped, used)
+    return out, lines
 
 
 def _json(storage: Any) -> Any:

@@ -31,12 +31,13 @@ from flowrl.conversation import Conversation, trace_conversation
 from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
-from flowrl.data.columnar_kto import Pending, kto_rows
+from flowrl.data.columnar_kto import Pending, materialize, plan
 from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
 from flowrl.data.kto import KTODatasetBuilder, kto_weights
 from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
+from flowrl.data.workers import HEAVY, SegmentTask, Workers
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.schema import ExecutionTrace
 from flowrl.store import ReadProblem, TraceStore
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int | None], None]
 OUTPUT_NAMES = ("dataset_dict.json", *SPLITS, "data", "README.md", "flowrl_dataset.json", ".flowrl-build")
 METADATA_FILE = "flowrl_dataset.json"
+TASK_CACHE = 65536
 
 
 class DatasetError(FlowRLError):
@@ -111,6 +113,7 @@ class _Source:
         self.stats = stats
         self.columnar = False
         self.batched = False  # rows a segment at a time (`flowrl.data.columnar_kto`): conversations without messages
+        self.columns: list[str] = []  # what a batched scan reads besides the scalar columns
 
     def operation(self) -> Any:
         import contextlib
@@ -136,7 +139,7 @@ class _Source:
                     yield None, trace, None
             return
         if self.columnar:
-            for ref, view, conv in columnar.rows(self.store, self.flt, messages=not self.batched):
+            for ref, view, conv in columnar.rows(self.store, self.flt, messages=not self.batched, columns=self.columns):
                 if view is None:
                     self.stats.read_whole += 1
                     yield self._read(ref, None)
@@ -166,7 +169,17 @@ class _Source:
 class DatasetPipeline:
     """Runs one builder over a store with filters, grouping, deduplication and the train/validation split."""
 
-    OPTIONS = ("filters", "group_by", "similarity", "embedding_model", "embedder", "val_fraction", "seed", "budget")
+    OPTIONS = (
+        "filters",
+        "group_by",
+        "similarity",
+        "embedding_model",
+        "embedder",
+        "val_fraction",
+        "seed",
+        "budget",
+        "workers",
+    )
 
     def __init__(
         self,
@@ -180,9 +193,18 @@ class DatasetPipeline:
         val_fraction: float = 0.1,
         seed: int = 0,
         budget: Any = None,
+        workers: int = 1,
     ) -> None:
         """`budget` (a `flowrl.data.encode.TokenBudget`) measures rows in the target model's tokens: rows over
-        its `max_length` are dropped, each one listed in the card and `flowrl_dataset.json`."""
+        its `max_length` are dropped, each one listed in the card and `flowrl_dataset.json`. `workers` > 1: a
+        columnar KTO build makes its rows in that many more processes (`flowrl.data.workers`); any other build
+        says so once and runs in this one."""
+        if workers < 1:
+            raise ConfigError(f"workers {workers}: use 1 or more processes")
+        self.workers = workers
+        self.worker_peaks: dict[int, float] = {}  # MiB, by worker, after a build with workers
+        self._pool_now: Workers | None = None
+        self._tasks: dict[str, tuple[str, str]] = {}  # raw task key -> (group id, split)
         self.builder = builder
         self.method = getattr(builder, "method_name", None) or builder.method
         self.budget = budget
@@ -211,6 +233,7 @@ class DatasetPipeline:
         out = Path(out).expanduser()
         _prepare_out(out, overwrite)
         src = _Source(source, self.filters, self.stats)
+        why_not: str | None = "the traces are given in memory"
         if src.store is not None:
             why_not = columnar.reason_not(self.builder, src.store, self)
             src.columnar = self.stats.columnar = why_not is None
@@ -220,20 +243,55 @@ class DatasetPipeline:
             )
         shuffle = {TRAIN} if self.builder.shuffle_train else set()
         sink = DiskSink(out / ".flowrl-build", self.builder.features(), shuffle, self.seed)
+        pool = self._pool_now = self._pool(src, why_not, out)
+        src.columns = ["conv_chars"] if pool else ["conv_chars", *HEAVY]
         try:
             with src.operation() as seen:  # every pass of this build shares one record of problems
                 self._run(src, sink, on_progress)
             problems = list(seen or [])
             counts = self._check_counts(sink.counts(), src)
-            arrows = sink.finish(out, on_progress=on_progress)
+            if pool is None:
+                arrows = sink.finish(out, on_progress=on_progress)
+            else:
+                arrows = self._finish(pool, sink, out, on_progress)
             _save(out, arrows, parquet)
         finally:
+            if pool is not None:
+                pool.terminate(wait=False)
             sink.close()
             shutil.rmtree(out / ".flowrl-build", ignore_errors=True)
         metadata = self._metadata(counts, src, parquet)
         (out / METADATA_FILE).write_bytes(orjson.dumps(metadata, option=orjson.OPT_INDENT_2))
         (out / "README.md").write_text(render_card(metadata), encoding="utf-8")
         return BuildResult(out, self.method, counts, self.stats, metadata, time.perf_counter() - started, problems)
+
+    def _pool(self, src: _Source, why_not: str | None, out: Path) -> Workers | None:
+        """The worker processes of this build, or None (said once when `workers` asked for them in vain)."""
+        if self.workers == 1:
+            return None
+        if not src.batched:
+            why = why_not or f"a {self.method} build is made in one process"
+        elif not getattr(src.store, "shared", False):
+            why = "the store is in this process's memory"
+        else:
+            return Workers(self.workers, src.store.url, self.builder.features().arrow_schema, out / ".flowrl-build")  # type: ignore[union-attr]
+        log.warning("flowrl: --workers %d: this build runs in one process (%s)", self.workers, why)
+        return None
+
+    def _finish(self, pool: Workers, sink: DiskSink, out: Path, on_progress: Progress | None) -> dict[str, list[Path]]:
+        sink.parts = pool.spooled()
+        parts, arrows = sink.plan(out, self.workers)
+        total, done = sum(sink.counts().values()), 0
+
+        def tell(rows: int) -> None:
+            nonlocal done
+            done += rows
+            if on_progress:
+                on_progress("write", done, total)
+
+        pool.finish(parts, tell)
+        self.worker_peaks = pool.peaks
+        return arrows
 
     def to_dataset_dict(self, source: TraceStore | Iterable[ExecutionTrace]) -> Any:
         """The dataset as an in-memory `datasets.DatasetDict` (no files written)."""
@@ -270,10 +328,10 @@ class DatasetPipeline:
                     infos.append(info)
                 continue
             if isinstance(trace, columnar.RowView):
-                group_id = self.grouper.group_id(self.grouper.raw_key_of(trace.group_key, trace.query_key))
+                raw = self.grouper.raw_key_of(trace.group_key, trace.query_key)
             else:
-                group_id = self.grouper.key(trace)
-            split = split_for(group_id, self.val_fraction, self.seed)
+                raw = self.grouper.raw_key(trace)
+            group_id, split = self._task(raw)
             batch = getattr(conv, "batch", None)
             if run and (batch is None or batch is not run[0].batch):
                 self._add_run(sink, run)
@@ -291,6 +349,17 @@ class DatasetPipeline:
             on_progress("read", total or 0, total)
         if self.builder.grouped:
             self._grouped(src, sink, infos)
+
+    def _task(self, raw_key: str) -> tuple[str, str]:
+        """The group id and split of a task key; remembered, as a store holds many runs of a task (up to
+        TASK_CACHE keys: then forgotten all at once)."""
+        hit = self._tasks.get(raw_key)
+        if hit is None:
+            if len(self._tasks) >= TASK_CACHE:
+                self._tasks.clear()
+            group_id = self.grouper.group_id(raw_key)
+            hit = self._tasks[raw_key] = (group_id, split_for(group_id, self.val_fraction, self.seed))
+        return hit
 
     def _conversation(
         self, trace: ExecutionTrace, seen: set[bytes], packed: Conversation | None = None
@@ -347,13 +416,21 @@ class DatasetPipeline:
         )
 
     def _add_run(self, sink: DiskSink | MemorySink, run: list[Pending]) -> None:
-        """The rows of `run` (traces of one segment) made with Arrow, added as `_add` adds rows one by one."""
+        """The rows of `run` (traces of one segment) made with Arrow, added as `_add` adds rows one by one: here,
+        or by a worker process."""
         assert isinstance(sink, DiskSink)
-        made = kto_rows(run[0].batch.table, run, self.builder.max_chars, sink.features.arrow_schema)
+        batch = run[0].batch
+        made = plan(batch.table, run, self.builder.max_chars)
         run.clear()
         self.stats.dropped_too_long += made.dropped
         self.stats.traces_used += made.used
-        sink.add_batch(made.split, made.table, made.lines)
+        if not len(made.parent):
+            return
+        if self._pool_now is not None:
+            names, keys, seq = sink.assign(made.split)
+            self._pool_now.submit(SegmentTask(batch.path, batch.location, made, names, keys, seq))
+        else:
+            sink.add_batch(made.split, *materialize(batch.table, made, sink.features.arrow_schema))
         for split in dict.fromkeys(made.split.tolist()):  # in the order the rows come
             labels = made.label[made.split == split]
             self.stats.rows[split] += len(labels)
@@ -462,23 +539,25 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _save(out: Path, arrows: dict[str, Path], parquet: bool) -> None:
-    """Put each split's Arrow file where `datasets.load_from_disk` finds it, with the state and info files that
+def _save(out: Path, arrows: dict[str, list[Path]], parquet: bool) -> None:
+    """Put each split's Arrow files where `datasets.load_from_disk` finds them, with the state and info files that
     `Dataset.save_to_disk` writes (its own copy would read every row again: the memory of the whole set)."""
     import json
     import os
     from dataclasses import asdict
 
-    from datasets import Dataset, config
+    from datasets import Dataset, concatenate_datasets, config
 
-    for split, path in arrows.items():
+    for split, paths in arrows.items():
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
-        name = "data-00000-of-00001.arrow"
-        os.replace(path, folder / name)
-        ds = Dataset.from_file(str(folder / name))  # memory-mapped: only the schema is read
+        names = [f"data-{i:05d}-of-{len(paths):05d}.arrow" for i in range(len(paths))]
+        for path, name in zip(paths, names, strict=True):
+            os.replace(path, folder / name)
+        shards = [Dataset.from_file(str(folder / name)) for name in names]  # memory-mapped: the schema is read
+        ds = shards[0] if len(shards) == 1 else concatenate_datasets(shards)
         state = {
-            "_data_files": [{"filename": name}],
+            "_data_files": [{"filename": name} for name in names],
             "_fingerprint": ds._fingerprint,
             "_format_columns": None,
             "_format_kwargs": {},
@@ -491,5 +570,5 @@ def _save(out: Path, arrows: dict[str, Path], parquet: bool) -> None:
         (folder / config.DATASET_INFO_FILENAME).write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
         if parquet:
             ds.to_parquet(str(out / "data" / f"{split}.parquet"))
-        del ds
+        del ds, shards
     (out / config.DATASETDICT_JSON_FILENAME).write_text(json.dumps({"splits": list(arrows)}))

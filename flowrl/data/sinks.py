@@ -1,65 +1,27 @@
 """Where built rows go: a list per split in memory, or spool files on disk turned into the outputs.
 
-The disk sink appends each row as one JSON line to a spool file (remembering where each line starts, 8 bytes
-a row) and, a batch at a time, as Arrow to a second spool in the features' types, so a build holds no rows in
-memory and nothing is parsed twice. Rows of a split that must be shuffled are spooled into 32 buckets drawn at
-random (`Shuffle`); `finish` reads one bucket at a time, permutes it, and appends it to the final JSONL and to
-the Arrow file behind the `datasets.Dataset`: memory is bounded by a bucket, not by the split.
-
-A row's value may be `RawJSON` (JSON text already serialised: a columnar build's messages) or `RawJSONList` (a
-list of them), written as they are.
+The disk sink appends each row as one JSON line to a spool and, a batch at a time, as Arrow to a second spool in
+the features' types (`flowrl.data.spools`), so a build holds no rows in memory and nothing is parsed twice. Rows
+of a split that must be shuffled are spooled into 32 buckets drawn at random (`Shuffle`); `finish` reads one
+bucket at a time, permutes it, and appends it to the final JSONL and to the Arrow file behind the
+`datasets.Dataset`: memory is bounded by a bucket, not by the split. A columnar build may make rows in other
+processes (`flowrl.data.workers`): the sink draws their buckets and sequence numbers, they spool the rows, and
+the finish is shared out by buckets.
 """
 
 from __future__ import annotations
 
-from array import array
+import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import orjson
+from flowrl.data.spools import BUCKETS, FinishPart, RawJSON, RawJSONList, SpoolSet, finish_part, permutation
 
-WRITE_BATCH = 1000
-SPOOL_BATCH = 1024  # rows per Arrow batch of a bucket's spool
-BUCKETS = 32  # a finish holds one bucket (1/32 of a split) in memory at a time
+__all__ = ["BUCKETS", "DiskSink", "MemorySink", "RawJSON", "RawJSONList", "Shuffle", "ordered"]
+
 SHUFFLE_BLOCK = 65536
-
-
-class RawJSON:
-    """JSON text put into a row as it is (`text` must be valid JSON; `"null"` is a null). Not a dataclass:
-    orjson would write those as objects."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"RawJSON({self.text!r})"
-
-
-class RawJSONList:
-    """A list of JSON texts (`RawJSON`'s) put into a row as a JSON array, as it is."""
-
-    __slots__ = ("texts",)
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-
-    def __repr__(self) -> str:
-        return f"RawJSONList({self.texts!r})"
-
-
-def _default(value: Any) -> Any:
-    if type(value) is RawJSON:
-        return orjson.Fragment(value.text)
-    if type(value) is RawJSONList:
-        return orjson.Fragment("[" + ",".join(value.texts) + "]")
-    return str(value)
-
-
-def _dumps(row: dict[str, Any]) -> bytes:
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS, default=_default)
 
 
 class Shuffle:
@@ -100,9 +62,7 @@ class Shuffle:
         return np.array([b for part in parts for b in part], dtype=np.int64)
 
     def permutation(self, bucket: int, n: int) -> Any:
-        import numpy as np
-
-        return np.random.default_rng([self.seed, bucket + 1]).permutation(n) if self.shuffle else np.arange(n)
+        return permutation(self.seed, self.shuffle, bucket, n)
 
 
 def ordered(n: int, shuffle: bool, seed: int) -> list[int]:
@@ -144,251 +104,97 @@ class MemorySink:
 
 
 class DiskSink:
-    """Rows spooled per split and bucket (`Shuffle`) to `{tmp}/{split}-{bucket}.spool` (JSON lines) and `.ipc`
-    (Arrow); `finish` writes the JSONL and the Arrow dataset files, a bucket in memory at a time."""
+    """Rows spooled per split and bucket (`Shuffle`) under `tmp` (`flowrl.data.spools`); `finish` writes the JSONL
+    and the Arrow dataset files, a bucket in memory at a time per process."""
 
     def __init__(self, tmp: Path, features: Any, shuffle: set[str], seed: int) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.features, self.shuffle, self.seed = features, shuffle, seed
-        self._splits: dict[str, tuple[Shuffle, dict[int, _Spool]]] = {}
+        self._orders: dict[str, Shuffle] = {}  # by split, in the order rows came
+        self._counts: Counter[str] = Counter()
+        self._seq = 0
+        self.own = SpoolSet(tmp / "spools", features.arrow_schema, features)
+        self.parts: list[dict[tuple[str, int], str]] = []  # spools other processes wrote
+
+    def _order(self, split: str) -> Shuffle:
+        order = self._orders.get(split)
+        if order is None:
+            order = self._orders[split] = Shuffle(self.seed, split in self.shuffle)
+        return order
 
     def add(self, split: str, row: dict[str, Any]) -> None:
-        entry = self._splits.get(split)
-        if entry is None:
-            entry = self._splits[split] = (Shuffle(self.seed, split in self.shuffle), {})
-        order, spools = entry
-        bucket = order.bucket()
-        spool = spools.get(bucket)
-        if spool is None:
-            spool = spools[bucket] = _Spool(self.tmp / f"{split}-{bucket:02d}", self.features)
-        spool.add(row)
+        self.own.spool(split, self._order(split).bucket()).add(row, self._seq)
+        self._seq += 1
+        self._counts[split] += 1
+
+    def assign(self, splits: Any) -> tuple[list[str], Any, Any]:
+        """For rows to be spooled (their splits, numpy, in the order they come): the split names, each row's key
+        (name index * BUCKETS + bucket) and sequence number, as `add` would draw them one by one."""
+        import numpy as np
+
+        names = list(dict.fromkeys(splits.tolist()))
+        keys = np.empty(len(splits), dtype=np.int64)
+        for rank, split in enumerate(names):
+            mask = splits == split
+            n = int(mask.sum())
+            keys[mask] = rank * BUCKETS + self._order(split).take(n)
+            self._counts[split] += n
+        seq = np.arange(self._seq, self._seq + len(splits), dtype=np.int64)
+        self._seq += len(splits)
+        return names, keys, seq
 
     def add_batch(self, splits: Any, table: Any, lines: Any) -> None:
         """Rows made with Arrow (`flowrl.data.columnar_kto`): `table` in the features' schema, each row's JSON line
-        (a string array, newlines included) and split (a numpy array), spooled as `add` would spool them one by
-        one. One `take` puts the rows in (split, bucket) order; each spool gets a slice."""
-        import numpy as np
-
-        names = list(dict.fromkeys(splits.tolist()))  # in the order the rows come
-        spool_of = np.empty(len(splits), dtype=np.int64)
-        for rank, split in enumerate(names):
-            entry = self._splits.get(split)
-            if entry is None:
-                entry = self._splits[split] = (Shuffle(self.seed, split in self.shuffle), {})
-            mask = splits == split
-            spool_of[mask] = rank * BUCKETS + entry[0].take(int(mask.sum()))
-        perm = np.argsort(spool_of, kind="stable")
-        table, lines, spool_of = table.take(perm), lines.take(perm), spool_of[perm]
-        cuts = np.flatnonzero(np.diff(spool_of)) + 1
-        for begin, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(perm)], strict=True):
-            split, bucket = names[spool_of[begin] // BUCKETS], int(spool_of[begin] % BUCKETS)
-            spools = self._splits[split][1]
-            spool = spools.get(bucket)
-            if spool is None:
-                spool = spools[bucket] = _Spool(self.tmp / f"{split}-{bucket:02d}", self.features)
-            spool.add_batch(table.slice(begin, end - begin), lines.slice(begin, end - begin))
+        (a string array, newlines included) and split (numpy), spooled as `add` would spool them one by one."""
+        names, keys, seq = self.assign(splits)
+        self.own.add_batch(names, keys, seq, table, lines)
 
     def counts(self) -> dict[str, int]:
-        return {k: sum(len(s.offsets) for s in spools.values()) for k, (_o, spools) in self._splits.items()}
+        return {k: self._counts[k] for k in self._orders if self._counts[k]}
+
+    def plan(self, out: Path, processes: int = 1) -> tuple[list[FinishPart], dict[str, list[Path]]]:
+        """The finish shared out: per split, its buckets cut into up to `processes` runs of about equal size, each
+        run an Arrow file and a byte range of `out/data/{split}.jsonl` (created at its full size here)."""
+        stems: dict[tuple[str, int], list[str]] = {}
+        for spools in [self.own.close(), *self.parts]:
+            for key, stem in spools.items():
+                stems.setdefault(key, []).append(stem)
+        data = out / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        parts: list[FinishPart] = []
+        arrows: dict[str, list[Path]] = {}
+        for split in self.counts():
+            buckets = sorted((b, stems[s, b]) for s, b in stems if s == split)
+            sizes = [sum(os.path.getsize(Path(stem).with_suffix(".spool")) for stem in group) for _b, group in buckets]
+            jsonl = data / f"{split}.jsonl"
+            with open(jsonl, "wb") as fh:
+                fh.truncate(sum(sizes))
+            share = sum(sizes) / max(1, processes)
+            offset, run, run_size = 0, [], 0
+            for i, (bucket, size) in enumerate(zip(buckets, sizes, strict=True)):
+                run.append(bucket)
+                run_size += size
+                if run_size >= share * (1 - 1e-9) or i == len(buckets) - 1:
+                    arrow = self.tmp / f"{split}-{len(arrows.get(split, [])):05d}.arrow"
+                    arrows.setdefault(split, []).append(arrow)
+                    parts.append(
+                        FinishPart(split, run, str(jsonl), offset, str(arrow), self.seed, split in self.shuffle)
+                    )
+                    offset, run, run_size = offset + run_size, [], 0
+        return parts, arrows
 
     def finish(
         self, out: Path, *, on_progress: Callable[[str, int, int | None], None] | None = None
-    ) -> dict[str, Path]:
-        """Write `out/data/{split}.jsonl` and the Arrow datasets (returned by split)."""
-        import pyarrow as pa
-        from datasets.arrow_writer import ArrowWriter
-
-        data = out / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        arrows: dict[str, Path] = {}
-        total = sum(self.counts().values())
-        done = 0
-        for split, (order, spools) in self._splits.items():
-            arrows[split] = self.tmp / f"{split}.arrow"
-            with (
-                open(data / f"{split}.jsonl", "wb") as jsonl,
-                ArrowWriter(features=self.features, path=str(arrows[split]), writer_batch_size=WRITE_BATCH) as writer,
-            ):
-                for bucket in sorted(spools):
-                    spool = spools[bucket]
-                    spool.close()
-                    perm = pa.array(order.permutation(bucket, len(spool.offsets)))
-                    jsonl.write(spool.lines(perm))
-                    with pa.OSFile(str(spool.ipc_path)) as ipc:
-                        table = pa.ipc.open_file(ipc).read_all()
-                    writer.write_table(table.take(perm))
-                    del table
-                    spool.remove()
-                    done += len(perm)
-                    if on_progress:
-                        on_progress("write", done, total)
-                writer.finalize()
+    ) -> dict[str, list[Path]]:
+        """Write `out/data/{split}.jsonl` and the Arrow datasets (returned by split) in this process."""
+        parts, arrows = self.plan(out)
+        total, done = sum(self.counts().values()), 0
+        for part in parts:
+            done += finish_part(part, self.features.arrow_schema)
+            if on_progress:
+                on_progress("write", done, total)
         return arrows
 
     def close(self) -> None:
-        for _order, spools in self._splits.values():
-            for spool in spools.values():
-                spool.close()
-
-
-class _Spool:
-    """One bucket's spools: JSON lines (with where each starts) and Arrow batches."""
-
-    def __init__(self, stem: Path, features: Any) -> None:
-        import pyarrow as pa
-
-        self.features = features
-        self.schema = features.arrow_schema
-        self.lines_path, self.ipc_path = stem.with_suffix(".spool"), stem.with_suffix(".ipc")
-        self._lines: IO[bytes] = open(self.lines_path, "wb")  # noqa: SIM115 - closed in close()
-        self._ipc = pa.ipc.new_file(str(self.ipc_path), self.schema)
-        self._columns: dict[str, list[Any]] = {name: [] for name in features}
-        self._convert = [(self._columns[name].append, _converter(feature)) for name, feature in features.items()]
-        self._first = self._columns[next(iter(features))]
-        self.offsets = array("q")
-        self.pos = 0
-        self._tables: list[Any] = []  # batches from `add_batch`, written when SPOOL_BATCH rows are waiting
-        self._table_rows = 0
-        self._closed = False
-
-    def add(self, row: dict[str, Any]) -> None:
-        if self._tables:
-            self._write_tables()
-        line = _dumps(row)
-        self.offsets.append(self.pos)
-        self.pos += len(line)
-        self._lines.write(line)
-        for (append, convert), name in zip(self._convert, self._columns, strict=True):
-            append(convert(row.get(name)))
-        if len(self._first) >= SPOOL_BATCH:
-            self._spill()
-
-    def add_batch(self, table: Any, lines: Any) -> None:
-        import numpy as np
-
-        if self._first:
-            self._spill()
-        where = _offsets(lines, np.int32)  # of the rows' text in the data buffer
-        self.offsets.extend((where[:-1] - where[0] + self.pos).tolist())
-        self._lines.write(memoryview(lines.buffers()[2])[where[0] : where[-1]])
-        self.pos += int(where[-1] - where[0])
-        self._tables.append(table)
-        self._table_rows += table.num_rows
-        if self._table_rows >= SPOOL_BATCH:
-            self._write_tables()
-
-    def _write_tables(self) -> None:
-        import pyarrow as pa
-
-        self._ipc.write_table(pa.concat_tables(self._tables).combine_chunks())
-        self._tables, self._table_rows = [], 0
-
-    def lines(self, perm: Any) -> bytes:
-        """The spooled JSON lines in the order `perm` (an Arrow array of positions) gives."""
-        import numpy as np
-        import pyarrow as pa
-
-        data = pa.py_buffer(self.lines_path.read_bytes())
-        starts = array("q", self.offsets)
-        starts.append(self.pos)
-        spooled = pa.LargeBinaryArray.from_buffers(
-            pa.large_binary(), len(self.offsets), [None, pa.py_buffer(starts), data]
-        )
-        taken = spooled.take(perm)
-        if not len(taken):
-            return b""
-        where = _offsets(taken, np.int64)
-        return memoryview(taken.buffers()[2])[where[0] : where[-1]].tobytes()
-
-    def _spill(self) -> None:
-        import pyarrow as pa
-
-        arrays = [_arrow(self._columns[name], feature) for name, feature in self.features.items()]
-        self._ipc.write_batch(pa.record_batch(arrays, schema=self.schema))
-        for values in self._columns.values():
-            values.clear()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._first:
-            self._spill()
-        if self._tables:
-            self._write_tables()
-        self._ipc.close()
-        self._lines.close()
-
-    def remove(self) -> None:
-        self.lines_path.unlink(missing_ok=True)
-        self.ipc_path.unlink(missing_ok=True)
-
-
-def _offsets(array: Any, dtype: Any) -> Any:
-    """Where each value of a (large) string or binary Arrow array starts in its data buffer, and where the last
-    ends (numpy int64)."""
-    import numpy as np
-
-    offsets = np.frombuffer(array.buffers()[1], dtype=dtype)
-    return offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
-
-
-def _converter(feature: Any) -> Callable[[Any], Any]:
-    """A function giving a row's value with every Json leaf of `feature` as JSON text (None for null), ready for
-    `_arrow`."""
-    from datasets import Json, List
-
-    if isinstance(feature, Json):
-        return _json_text
-    if isinstance(feature, List):
-        inner = _converter(feature.feature)
-        if inner is _same:
-            return _same
-        if inner is _json_text:
-            return _json_texts
-        return lambda value: None if value is None else [inner(v) for v in value]
-    return _same
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _json_texts(value: Any) -> list[Any] | None:
-    if value is None:
-        return None
-    if type(value) is RawJSONList:
-        return value.texts
-    return [_json_text(v) for v in value]
-
-
-def _json_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if type(value) is RawJSON:
-        return None if value.text == "null" else value.text
-    return orjson.dumps(value, default=_default).decode()
-
-
-def _arrow(values: list[Any], feature: Any) -> Any:
-    """Arrow array of `values` (Json leaves already text) for the feature types the builders use: Value, Json
-    and List of those."""
-    import pyarrow as pa
-    from datasets import Json, List
-
-    if isinstance(feature, Json):
-        return pa.array(values, type=pa.json_())
-    if isinstance(feature, List):
-        offsets: list[int] = [0]
-        flat: list[Any] = []
-        mask: list[bool] = []
-        for v in values:
-            mask.append(v is None)
-            flat.extend(v or ())
-            offsets.append(len(flat))
-        child = _arrow(flat, feature.feature)
-        return pa.ListArray.from_arrays(
-            pa.array(offsets, pa.int32()), child, mask=pa.array(mask) if any(mask) else None
-        )
-    return pa.array(values, type=feature.pa_type)
+        self.own.close()

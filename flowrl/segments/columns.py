@@ -25,6 +25,8 @@ class ColumnRows:
     refs: list[str]
     table: Any = None
     index: list[int] | None = None
+    path: str = ""  # the segment's path on its filesystem
+    location: str = ""  # and as messages name it
 
     def lists(self, names: list[str]) -> dict[str, list[Any]]:
         """The listed rows' values of `names` as Python lists, in the refs' order."""
@@ -56,4 +58,4 @@ def _rows(catalog: Catalog, batch: list[Ref], columns: list[str]) -> ColumnRows:
         table = None
     if table is None:
         return ColumnRows(refs)
-    return ColumnRows(refs, table, [ref.row for ref in batch])
+    return ColumnRows(refs, table, [ref.row for ref in batch], batch[0].path, catalog.root.display(batch[0].path))

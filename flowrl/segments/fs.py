@@ -74,7 +74,7 @@ class Root:
         self.fs: Any
         self.fs, self.path = url_to_fs(text)
         self.path = self.path.rstrip("/")
-        self.local = "file" in _protocols(self.fs)
+        self.local = "file" in protocols(self.fs)
         self.url = self.path if self.local else self.fs.unstrip_protocol(self.path)
 
     def join(self, *parts: str) -> str:
@@ -211,6 +211,6 @@ def _tell(skip: Skip | None, where: str, message: str) -> None:
         skip(where, f"{where}: {message}")
 
 
-def _protocols(fs: Any) -> tuple[str, ...]:
+def protocols(fs: Any) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)

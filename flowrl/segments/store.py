@@ -37,7 +37,7 @@ from flowrl.segments import lifecycle, names
 from flowrl.segments.catalog import Catalog, Ref, ScanStats
 from flowrl.segments.columns import ColumnRows, scan
 from flowrl.segments.format import encode
-from flowrl.segments.fs import Root, RootURL
+from flowrl.segments.fs import Root, RootURL, protocols
 from flowrl.segments.problems import ProblemRecords
 from flowrl.segments.pushdown import row_filter
 from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
@@ -87,6 +87,11 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
     @property
     def url(self) -> str:
         return self._root.url
+
+    @property
+    def shared(self) -> bool:
+        """Whether another process opening `url` sees this store (not so for `memory://`, one per process)."""
+        return "memory" not in protocols(self._root.fs)
 
     @property
     def scan_stats(self) -> ScanStats:
