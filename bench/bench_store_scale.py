@@ -2,13 +2,16 @@
 
     python bench/bench_store_scale.py                   # 20,000 traces
     python bench/bench_store_scale.py --traces 100000 --build
+    python bench/bench_store_scale.py --traces 1000000 --build --stores segments --workers 2
 
 Ingest: `write_many` of synthetic traces (flowrl.data.synthetic: 1-3 tool calls per run) in batches of
 `--batch`, into a `TraceStore` (one fsynced file per trace, one filesystem sync per batch) and into a
 `SegmentStore` (one Parquet segment per batch), traces/s; each batch is generated off the clock.
 `--build`: a KTO set from each store, each build in a fresh process reporting its wall time and peak RSS
 (the issue's target: 1,000,000 traces in under 60 s and 1 GiB: see docs/benchmarks.md). The segment store's
-build is the columnar one (`flowrl.data.columnar`), the JSON store's the row-by-row one.
+build is the columnar one (`flowrl.data.columnar`), the JSON store's the row-by-row one. `--workers N`: the
+columnar build makes its rows in N more processes (`flowrl.data.workers`); each one's peak RSS is reported,
+and their sum with the main process's.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import json, resource, sys, time
 from flowrl.data import DatasetPipeline
 from flowrl.methods import make_builder
 from flowrl.store_open import open_store
-store, out = sys.argv[1:3]
+store, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t = time.perf_counter()
-result = DatasetPipeline(make_builder("kto")).build(open_store(store), out)
+pipeline = DatasetPipeline(make_builder("kto"), workers=workers)
+result = pipeline.build(open_store(store), out)
 elapsed = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": elapsed, "peak_mib": peak, "rows": sum(result.counts.values())}))
+workers = [round(pipeline.worker_peaks[k]) for k in sorted(pipeline.worker_peaks)]
+print(json.dumps({"seconds": elapsed, "peak_mib": peak, "worker_peaks_mib": workers,
+                  "peak_sum_mib": peak + sum(workers), "rows": sum(result.counts.values())}))
 """
 
 
@@ -59,11 +65,11 @@ def ingest(n: int, batch: int, root: Path, kinds: list[str]) -> dict[str, float]
     return rates
 
 
-def build(root: Path, kinds: list[str]) -> dict[str, dict[str, float]]:
+def build(root: Path, kinds: list[str], workers: int) -> dict[str, dict[str, float]]:
     out = {}
     for name in kinds:
         proc = subprocess.run(
-            [sys.executable, "-c", CHILD, str(root / name), str(root / f"out-{name}")],
+            [sys.executable, "-c", CHILD, str(root / name), str(root / f"out-{name}"), str(workers)],
             capture_output=True,
             text=True,
             check=False,
@@ -81,6 +87,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--build", action="store_true", help="also build a KTO set from each store")
     parser.add_argument("--stores", default="json,segments", help="which stores: json,segments (default both)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="build processes besides the main one (columnar KTO build only)"
+    )
     args = parser.parse_args()
     kinds = [k for k in args.stores.split(",") if k]
     with tempfile.TemporaryDirectory(prefix="flowrl-bench-scale-") as tmp:
@@ -91,7 +100,7 @@ def main() -> None:
             "ingest": ingest(args.traces, args.batch, root, kinds),
         }
         if args.build:
-            result["build"] = build(root, kinds)
+            result["build"] = build(root, kinds, args.workers)
     rates = result["ingest"]
     assert isinstance(rates, dict)
     if len(rates) == 2:

@@ -24,6 +24,7 @@ import orjson
 SPOOL_BATCH = 1024  # rows per Arrow batch of a spool
 WRITE_BATCH = 1000  # rows per batch of a final Arrow file (`datasets`' default)
 BUCKETS = 32  # a finish holds one bucket (1/32 of a split) in memory at a time
+FINISH_CHUNK = 8 * WRITE_BATCH  # rows a finish takes at a time from a bucket
 
 
 class RawJSON:
@@ -88,13 +89,9 @@ class Spool:
         self.seq = array("q")
         self.pos = 0
         self._pending = 0  # rows added one by one, not yet written as a batch
-        self._tables: list[Any] = []  # batches from `add_batch`, written when SPOOL_BATCH rows are waiting
-        self._table_rows = 0
         self._closed = False
 
     def add(self, row: dict[str, Any], seq: int) -> None:
-        if self._tables:
-            self._write_tables()
         line = _dumps(row)
         self.offsets.append(self.pos)
         self.seq.append(seq)
@@ -118,16 +115,7 @@ class Spool:
         self.seq.extend(seq.tolist())
         self._lines.write(memoryview(lines.buffers()[2])[where[0] : where[-1]])
         self.pos += int(where[-1] - where[0])
-        self._tables.append(table)
-        self._table_rows += table.num_rows
-        if self._table_rows >= SPOOL_BATCH:
-            self._write_tables()
-
-    def _write_tables(self) -> None:
-        import pyarrow as pa
-
-        self._ipc.write_table(pa.concat_tables(self._tables).combine_chunks())
-        self._tables, self._table_rows = [], 0
+        self._ipc.write_table(table)  # at once: a slice kept for later would keep its whole segment's rows
 
     def _spill(self) -> None:
         import pyarrow as pa
@@ -144,8 +132,6 @@ class Spool:
         self._closed = True
         if self._pending:
             self._spill()
-        if self._tables:
-            self._write_tables()
         self._ipc.close()
         self._lines.close()
         self.offsets.append(self.pos)
@@ -210,27 +196,34 @@ def finish_part(part: FinishPart, schema: Any) -> int:
     with open(part.jsonl, "r+b") as jsonl, pa.ipc.new_stream(part.arrow, schema) as writer:
         jsonl.seek(part.offset)
         for bucket, stems in part.buckets:
-            seqs, lines, tables = [], [], []
-            for stem in stems:
+            seqs, starts, tables = [], [], []
+            data = bytearray(sum(Path(stem).with_suffix(".spool").stat().st_size for stem in stems))
+            size = 0
+            for stem in stems:  # the lines of every spool of the bucket, read into one buffer
                 offsets, seq = _index(Path(stem))
                 seqs.append(seq)
-                data = pa.py_buffer(Path(stem).with_suffix(".spool").read_bytes())
-                lines.append(
-                    pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(seq), [None, pa.py_buffer(offsets), data])
-                )
+                starts.append(offsets[:-1] + size)
+                with open(Path(stem).with_suffix(".spool"), "rb") as fh:
+                    size += fh.readinto(memoryview(data)[size:])
             seq = np.concatenate(seqs)
-            perm = pa.array(np.argsort(seq, kind="stable")[permutation(part.seed, part.shuffle, bucket, len(seq))])
-            taken = pa.chunked_array(lines).take(perm).combine_chunks()
-            del lines
-            where = _offsets(taken, np.int64)
-            jsonl.write(memoryview(taken.buffers()[2])[where[0] : where[-1]])
-            del taken
+            order = np.argsort(seq, kind="stable")[permutation(part.seed, part.shuffle, bucket, len(seq))]
+            starts.append(np.array([size], dtype=np.int64))
+            spooled = pa.LargeBinaryArray.from_buffers(
+                pa.large_binary(), len(seq), [None, pa.py_buffer(np.concatenate(starts)), pa.py_buffer(data)]
+            )
+            chunks = [pa.array(order[i : i + FINISH_CHUNK]) for i in range(0, len(order), FINISH_CHUNK)]
+            for chunk in chunks:  # taken a chunk at a time: memory is the bucket once, not twice
+                taken = spooled.take(chunk)
+                where = _offsets(taken, np.int64)
+                jsonl.write(memoryview(taken.buffers()[2])[where[0] : where[-1]])
+            del spooled, data, taken
             for stem in stems:
                 with pa.OSFile(str(Path(stem).with_suffix(".ipc"))) as ipc:
                     tables.append(pa.ipc.open_file(ipc).read_all())
-            table = pa.concat_tables(tables).take(perm)
+            table = pa.concat_tables(tables).combine_chunks()
             del tables
-            writer.write_table(table, max_chunksize=WRITE_BATCH)
+            for chunk in chunks:
+                writer.write_table(table.take(chunk), max_chunksize=WRITE_BATCH)
             done += table.num_rows
             del table
             for stem in stems:
