@@ -143,6 +143,7 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
         # malloc gives freed blocks back at once; Arrow's default (jemalloc) keeps them, which a worker that
         # makes and drops a segment's rows at a time pays for in memory
         pa.set_memory_pool(pa.system_memory_pool())
+        _fixed_mmap_threshold()
         from flowrl.data.columnar_kto import materialize
         from flowrl.data.spools import SpoolSet, finish_part
         from flowrl.segments.format import Segment
@@ -168,3 +169,16 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
     except BaseException as exc:  # said on the reply queue: the pipeline stops with it
         replies.put(("error", k, f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from None
+
+
+def _fixed_mmap_threshold() -> None:
+    """glibc: blocks of 128 KiB and more from mmap, always. Its default raises that threshold to the largest block
+    freed so far, after which a bucket's buffers come from the heap and what they leave behind is not given back."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: its allocator's own policy
+        pass
