@@ -97,17 +97,13 @@ class RowView:
 
 @dataclass
 class PackedConversation(Conversation):
-    """A conversation from the derived columns: messages as `RawJSON`, steps, characters and key precomputed.
-    Without messages (`rows(..., messages=False)`) it carries where its columns are instead (`batch`, `row`: the
-    segment's table and the trace's row in it), for a build that makes rows a segment at a time."""
+    """A conversation from the derived columns: messages as `RawJSON`, steps, characters and key precomputed."""
 
     steps: list[int] = field(default_factory=list)
     prefix: list[int] = field(default_factory=list)  # prefix[i]: characters of messages[:i]
     dedupe_key: bytes = b""
     tool_calls: bool = False
     texts: list[str] = field(default_factory=list)  # the messages' JSON
-    batch: ColumnRows | None = None
-    row: int = -1
 
     def assistant_indices(self) -> list[int]:
         return self.steps
@@ -157,7 +153,7 @@ def rows(
             elif messages:
                 yield ref, view, _conversation(cols, i, cols["conv_messages"][i])
             else:
-                yield ref, view, _light(cols, i, batch)
+                yield ref, view, SegmentRow(cols, i, batch)  # type: ignore[misc]
 
 
 def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:
@@ -240,15 +236,24 @@ def _conversation(cols: dict[str, list[Any]], i: int, messages: list[str]) -> Pa
     )
 
 
-def _light(cols: dict[str, list[Any]], i: int, batch: ColumnRows) -> PackedConversation:
-    return PackedConversation(
-        messages=[],
-        tools=None,
-        prompt_end=cols["conv_prompt_end"][i],
-        synthesized=cols["conv_synthesized"][i],
-        steps=cols["conv_steps"][i],
-        dedupe_key=cols["conv_key"][i],
-        tool_calls=cols["conv_tool_calls"][i],
-        batch=batch,
-        row=batch.index[i],  # type: ignore[index]
-    )
+class SegmentRow:
+    """A trace's conversation as a build that makes rows a segment at a time needs it (`rows(...,
+    messages=False)`): what the pipeline checks of a conversation, and where its columns are (`batch`: the
+    segment's `ColumnRows`, `row`: the trace's row in its table) instead of its messages."""
+
+    __slots__ = ("prompt_end", "steps", "dedupe_key", "synthesized", "has_tool_calls", "batch", "row")
+
+    def __init__(self, cols: dict[str, list[Any]], i: int, batch: ColumnRows) -> None:
+        self.prompt_end: int = cols["conv_prompt_end"][i]
+        self.steps: list[int] = cols["conv_steps"][i]
+        self.dedupe_key: bytes = cols["conv_key"][i]
+        self.synthesized: bool = cols["conv_synthesized"][i]
+        self.has_tool_calls: bool = cols["conv_tool_calls"][i]
+        self.batch = batch
+        self.row: int = batch.index[i]  # type: ignore[index]
+
+    def assistant_indices(self) -> list[int]:
+        return self.steps
+
+    def key(self) -> bytes:
+        return self.dedupe_key

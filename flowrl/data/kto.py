@@ -76,9 +76,14 @@ class KTODatasetBuilder(DatasetBuilder):
             }
         )
 
-    def trace_label(self, trace: ExecutionTrace, ctx: RowContext) -> tuple[bool, str] | None:
-        """The label every row of `trace` carries and where it came from; None (counted) for an unlabelled run."""
-        label, source = effective_label(trace, self.threshold)
+    def trace_label(
+        self, trace: ExecutionTrace, ctx: RowContext, plain: tuple[bool | None, str] | None = None
+    ) -> tuple[bool, str] | None:
+        """The label every row of `trace` carries and where it came from; None (counted) for an unlabelled run.
+        `plain`: `effective_label(trace)` when the caller has it (the same without a threshold)."""
+        label, source = (
+            plain if plain is not None and self.threshold is None else effective_label(trace, self.threshold)
+        )
         if label is None:
             ctx.stats.skip("unlabelled (no label, no reward)")
             return None

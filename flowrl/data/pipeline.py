@@ -205,6 +205,7 @@ class DatasetPipeline:
         self.worker_peaks: dict[int, float] = {}  # MiB, by worker, after a build with workers
         self._pool_now: Workers | None = None
         self._tasks: dict[str, tuple[str, str]] = {}  # raw task key -> (group id, split)
+        self._label: tuple[bool | None, str] = (None, "")  # the last conversation's trace's, without a threshold
         self.builder = builder
         self.method = getattr(builder, "method_name", None) or builder.method
         self.budget = budget
@@ -378,7 +379,8 @@ class DatasetPipeline:
                 return None
             seen.add(key)
         self.stats.add_reward(trace.reward_score)
-        self.stats.trace_labels[str(effective_label(trace)[0]).lower()] += 1
+        self._label = effective_label(trace)
+        self.stats.trace_labels[str(self._label[0]).lower()] += 1
         self.stats.synthesized += conv.synthesized
         self.stats.without_tool_calls += not conv.has_tool_calls
         return conv
@@ -407,7 +409,7 @@ class DatasetPipeline:
 
     def _pend(self, run: list[Pending], view: Any, conv: Any, ctx: RowContext, split: str) -> None:
         builder = cast(KTODatasetBuilder, self.builder)
-        labelled = builder.trace_label(view, ctx)
+        labelled = builder.trace_label(view, ctx, self._label)
         if labelled is None:
             return
         first = builder.first_row(len(conv.steps))
