@@ -178,3 +178,27 @@ def test_ctrl_c_stops_the_watch_command_cleanly(root: Path, tmp_path: Path) -> N
             proc.kill()
     assert proc.returncode == 0, err
     assert "watch stopped" in out
+
+
+@pytest.mark.parametrize("where", ["folder", "url"])
+def test_watch_once_into_a_segment_store_remembers_what_it_read(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from flowrl.ingest.watch import watch_home
+    from flowrl.segments import SegmentStore
+
+    monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "home"))
+    spec = str(tmp_path / "segs") if where == "folder" else f"memory://flowrl-watch-{tmp_path.name}"
+    store = SegmentStore(spec, writer_id="watch", flush_seconds=3600)  # only the watcher's flush puts a segment
+    path = _cp_dir(root) / "agent_checkpoint_20261122_100000.pkl"
+    path.write_bytes(_checkpoint_bytes([("q1", "a1", "0c000001"), ("q2", "a2", "0c000002")]))
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    assert Watcher([root], store).run_once().new == 2
+    home = watch_home(store)
+    assert (home / STATE_NAME).is_file()
+    assert home == (tmp_path / "segs" if where == "folder" else tmp_path / "home" / "traces" / ".watch" / home.name)
+    reader = SegmentStore(spec, writer_id="reader")  # the traces were put before the state named the file
+    assert sorted(t.user_query for t in reader.iter_traces()) == ["q1", "q2"]
+    again = Watcher([root], store).run_once()
+    assert (again.files_read, again.new) == (0, 0)

@@ -15,7 +15,8 @@
   never written twice (content ids), whatever the state file says; a richer file for a stored run (its obs
   file after its checkpoint) upgrades that trace in place (`flowrl.ingest.upgrade`). A path that is not
   valid UTF-8 is keyed by its bytes (`bytes:<hex>`), since JSON cannot hold it.
-* One watcher per store: `{store}/.flowrl-watch.lock` (flock) refuses a second one.
+* One watcher per store: `{store}/.flowrl-watch.lock` (flock) refuses a second one; a store at a URL keeps its
+  lock and state in a local folder (`watch_home`), and a segment store is flushed before the state is saved.
 * `run()` stops when its `stop` event is set (the CLI sets it on SIGINT/SIGTERM), saves the state and
   returns the summary; `run_once()` is one pass for cron.
 """
@@ -55,7 +56,7 @@ from flowrl.ingest.times import printable
 from flowrl.ingest.unpickler import read_bytes
 from flowrl.ingest.upgrade import StoreUpgrader
 from flowrl.redact import Redactor
-from flowrl.store import TraceStore, atomic_write_bytes
+from flowrl.store import TraceStore, atomic_write_bytes, default_root
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,17 @@ class _Handler:
             self.events.put(("deleted", os.fsdecode(event.src_path)))
 
 
+def watch_home(store: Any) -> Path:
+    """The local folder of a watcher's state and lock: a local store's root; for a store at a URL (`s3://`), a
+    folder per URL beside the default store (`{default}/.watch/{hash of the URL}`): one watcher per store on a
+    machine; watchers on other hosts write segments under their own writer ids."""
+    root = store.root
+    if isinstance(root, Path):
+        return root
+    digest = hashlib.blake2b(str(root).encode(), digest_size=8).hexdigest()
+    return default_root() / ".watch" / digest
+
+
 class Watcher:
     """Watch `paths` and ingest into `store`. Use `run(stop)` as a service or `run_once()` from cron."""
 
@@ -130,14 +142,15 @@ class Watcher:
         self.engine = Ingestor(
             exists=self.store.exists, upgrade=StoreUpgrader(self.store), redactor=redactor, live_idle_s=live_idle_s
         )
-        self.state_path = state_path or self.store.root / STATE_NAME
+        self.home = watch_home(self.store)
+        self.state_path = state_path or self.home / STATE_NAME
         self.files_state: dict[str, list[Any]] = {}
         self._pending: dict[Path, _Pending] = {}
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._on_message = on_message
         self._lock_fh: Any = None
         self._dirty = False
-        self._store_root = Path(os.path.abspath(self.store.root))
+        self._store_root = Path(os.path.abspath(self.home))
 
     @property
     def summary(self) -> IngestSummary:
@@ -160,18 +173,25 @@ class Watcher:
             self.files_state = {}
 
     def save_state(self) -> None:
+        """Remember which files are read, once what was read from them is stored: a segment store's buffered
+        traces are put first, so the state never names a file whose traces a crash could still lose."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            flush()
         data = {"version": STATE_VERSION, "files": self.files_state}
-        atomic_write_bytes(self.state_path, orjson.dumps(data), self.store.staging)
+        staging = self.store.staging if isinstance(self.store, TraceStore) else self.home / ".staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.state_path, orjson.dumps(data), staging)
         self._dirty = False
 
     def _acquire(self) -> None:
-        self.store.root.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows: no lock, one watcher per store is up to the user
             log.warning("flowrl: no file locking on this platform; run one watcher per store")
             return
-        fh = open(self.store.root / LOCK_NAME, "a+")
+        fh = open(self.home / LOCK_NAME, "a+")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -206,7 +226,7 @@ class Watcher:
         """Note every file under the watched paths that differs from the state; forget vanished ones."""
         present: set[str] = set()
         try:
-            sources = list(iter_sources(self.paths, exclude=[self.store.root]))
+            sources = list(iter_sources(self.paths, exclude=[self._store_root]))
         except (IngestError, OSError) as exc:  # a watched folder was removed: keep watching the rest
             log.warning("flowrl: rescan failed: %s", exc)
             return
