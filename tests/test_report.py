@@ -109,3 +109,15 @@ def test_report_renders_in_a_real_browser(tmp_path: Path) -> None:
         check=False,
     )
     assert shot.is_file() and shot.stat().st_size > 20_000  # a blank page is a few KB
+
+
+def test_report_cli_on_a_segment_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flowrl.segments import SegmentStore
+
+    segments = SegmentStore(tmp_path / "segs", writer_id="r")
+    segments.write_many(list(_store(tmp_path).iter_traces()))
+    segments.flush()
+    assert main(["report", "--store", str(tmp_path / "segs"), "--out", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "&lt;b&gt;evil&lt;/b&gt;" in page and "<b>evil</b>" not in page
+    assert "6 traces" in capsys.readouterr().out
