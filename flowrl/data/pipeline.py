@@ -202,7 +202,7 @@ class DatasetPipeline:
         if workers < 1:
             raise ConfigError(f"workers {workers}: use 1 or more processes")
         self.workers = workers
-        self.worker_peaks: dict[int, float] = {}  # MiB, by worker, after a build with workers
+        self.worker_peaks: dict[int, float | None] = {}  # MiB, by worker, after a build with workers
         self._pool_now: Workers | None = None
         self._tasks: dict[str, tuple[str, str]] = {}  # raw task key -> (group id, split)
         self._label: tuple[bool | None, str] = (None, "")  # the last conversation's trace's, without a threshold

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,7 @@ class Workers:
         ]
         for proc in self.procs:
             proc.start()
-        self.peaks: dict[int, float] = {}  # MiB, by worker
+        self.peaks: dict[int, float | None] = {}  # MiB, by worker
 
     def submit(self, task: Any) -> None:
         while True:
@@ -164,7 +163,7 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
             elif task[0] == "finish":
                 replies.put(("finished", k, finish_part(task[1], schema)))
             elif task[0] == "stop":
-                replies.put(("stopped", k, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+                replies.put(("stopped", k, _peak_mib()))
                 return
     except BaseException as exc:  # said on the reply queue: the pipeline stops with it
         replies.put(("error", k, f"{type(exc).__name__}: {exc}"))
@@ -182,3 +181,12 @@ def _fixed_mmap_threshold() -> None:
         libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc: its allocator's own policy
         pass
+
+
+def _peak_mib() -> float | None:
+    """This process's peak resident memory in MiB (None where `resource` is missing: not Unix)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
