@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,7 +60,8 @@ class ScanStats:
 class _SegmentIds:
     day: str
     ids: list[str]
-    written: list[int]
+    written: array  # written_ns of each row (0 when unknown)
+    number: int  # the segment's number in `Catalog._paths`
 
 
 class Catalog:
@@ -74,7 +76,9 @@ class Catalog:
         self._bad: dict[str, str] = {}
         self._side_seen: set[str] = set()
         self.legacy_outcome_ids: set[str] = set()  # ids with `.outcomes/{id}.jsonl` under a local root
-        self._seg_best: dict[str, Ref] = {}
+        self._paths: list[str] = []  # segment number -> path (a removed segment's number is not reused)
+        # trace id -> its newest segment row as a slot, number << 32 | row: an int, not a `Ref`, per id
+        self._seg_best: dict[str, int] = {}
         self._json: dict[str, Ref] = {}  # trace id -> JSON file (ids no segment holds are the winners)
         self._open: OrderedDict[str, tuple[Any, Segment]] = OrderedDict()
         self._groups: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
@@ -124,7 +128,9 @@ class Catalog:
                 try:
                     segment = self._segment(path)
                     cols = segment.columns(["trace_id", "written_ns"])
-                    ids = self._segments[path] = _SegmentIds(day, cols["trace_id"], cols["written_ns"])
+                    written = array("q", [int(ns or 0) for ns in cols["written_ns"]])
+                    ids = self._segments[path] = _SegmentIds(day, cols["trace_id"], written, len(self._paths))
+                    self._paths.append(path)
                     self._add_best(path, ids)
                     continue
                 except (NotASegment, OSError) as exc:
@@ -139,11 +145,20 @@ class Catalog:
                 self._add_best(path, ids)
 
     def _add_best(self, path: str, ids: _SegmentIds) -> None:
-        for row, (tid, ns) in enumerate(zip(ids.ids, ids.written, strict=True)):
-            ref = Ref((int(ns or 0), 1, path), path, row, ids.day)
-            best = self._seg_best.get(tid)
-            if best is None or best < ref:
-                self._seg_best[tid] = ref
+        best, base, written = self._seg_best, ids.number << 32, ids.written
+        for row, tid in enumerate(ids.ids):
+            slot = best.get(tid)
+            if slot is None or self._rank(slot) < (written[row], 1, path):
+                best[tid] = base | row
+
+    def _rank(self, slot: int) -> tuple[int, int, str]:
+        path = self._paths[slot >> 32]
+        return (self._segments[path].written[slot & 0xFFFFFFFF], 1, path)
+
+    def _ref(self, slot: int) -> Ref:
+        path, row = self._paths[slot >> 32], slot & 0xFFFFFFFF
+        ids = self._segments[path]
+        return Ref((ids.written[row], 1, path), path, row, ids.day)
 
     def _refresh_sidecar(self, skip: Skip) -> None:
         for _day, path in self._objects(names.SIDECAR, skip):
@@ -188,7 +203,8 @@ class Catalog:
             return self._winner(trace_id)
 
     def _winner(self, trace_id: str) -> Ref | None:
-        seg, js = self._seg_best.get(trace_id), self._json.get(trace_id)
+        slot, js = self._seg_best.get(trace_id), self._json.get(trace_id)
+        seg = None if slot is None else self._ref(slot)
         if seg is None or js is None:
             return seg or js
         return max(seg, js)
@@ -206,7 +222,7 @@ class Catalog:
     def segment_ids(self) -> dict[str, Ref]:
         """Every trace id some segment holds, with its newest row."""
         with self.lock:
-            return dict(self._seg_best)
+            return {tid: self._ref(slot) for tid, slot in self._seg_best.items()}
 
     def days(self) -> list[str]:
         with self.lock:
@@ -229,10 +245,13 @@ class Catalog:
                     continue
                 mask = keep(self._segment(path), self.root.display(path)) if keep is not None else None
                 winners = []
+                best, base, json = self._seg_best, ids.number << 32, self._json
                 for row, tid in enumerate(ids.ids):
-                    ref = self._winner(tid) if mask is None or mask[row] else None
-                    if ref is not None and ref.path == path and ref.row == row:
-                        winners.append(ref)
+                    if (mask is None or mask[row]) and best.get(tid) == base | row:
+                        ref = Ref((ids.written[row], 1, path), path, row, day)
+                        js = json.get(tid)
+                        if js is None or js < ref:
+                            winners.append(ref)
             yield from winners
 
     # -- decoding ------------------------------------------------------------------------------------
