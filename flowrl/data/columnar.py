@@ -3,8 +3,9 @@ segment's rows at a time, without parsing a trace's JSON or building an `Executi
 
 `DatasetPipeline.build` takes this path for a `SegmentStore` and a streaming builder (KTO) whose tool-call
 arguments are dicts, grouped by query or group key (not embeddings), without a token budget (`reason_not`
-says why not, otherwise). The rows are the row-by-row build's, byte for byte: the same builder code runs on a
-`RowView` (the fields builders read of a trace) and a `PackedConversation` (messages kept as their JSON text).
+says why not, otherwise). The rows are the row-by-row build's, byte for byte: the pipeline decides each trace on a
+`RowView` (the fields filters, labels and builders read of a trace) and a `SegmentRow` (what it checks of the
+conversation, and where its columns are), and `flowrl.data.columnar_kto` makes a segment's rows with Arrow.
 A row the columns cannot stand for is read whole and built as before, and counted (`BuildStats.read_whole`):
 JSON files and segment-v1 rows, a trace with LLM calls (its captured token ids are in the trace), with host
 outcomes, or with a side record that changes more than its labels and rewards.
@@ -13,18 +14,16 @@ outcomes, or with a side record that changes more than its labels and rewards.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from flowrl.conversation import Conversation
-from flowrl.data.sinks import RawJSON, RawJSONList
-
 if TYPE_CHECKING:
     from flowrl.segments.columns import ColumnRows
 
-COLUMNS = [
+# the scalar columns a build reads of each trace; the rows are made from conv_messages, conv_chars, conv_tools
+SCALARS = [
     "trace_id",
     "agent_name",
     "session_id",
@@ -34,11 +33,8 @@ COLUMNS = [
     "reward_score",
     "manual_review",
     "rewards",
-    "conv_messages",
-    "conv_chars",
     "conv_steps",
     "conv_prompt_end",
-    "conv_tools",
     "conv_key",
     "conv_synthesized",
     "conv_tool_calls",
@@ -67,6 +63,8 @@ def reason_not(builder: Any, store: Any, pipeline: Any) -> str | None:
         return "the store keeps one JSON file per trace"
     if builder.grouped:
         return f"{pipeline.method} groups runs before building rows"
+    if not hasattr(builder, "trace_label"):
+        return f"{pipeline.method} rows are made trace by trace (only KTO's are made from columns)"
     if builder.arguments_as != "dict":
         return "tool-call arguments as strings"
     if pipeline.grouper.needs_fit:
@@ -95,52 +93,19 @@ class RowView:
     llm_calls: tuple[()] = ()
 
 
-@dataclass
-class PackedConversation(Conversation):
-    """A conversation from the derived columns: messages as `RawJSON`, steps, characters and key precomputed."""
-
-    steps: list[int] = field(default_factory=list)
-    prefix: list[int] = field(default_factory=list)  # prefix[i]: characters of messages[:i]
-    dedupe_key: bytes = b""
-    tool_calls: bool = False
-    texts: list[str] = field(default_factory=list)  # the messages' JSON
-
-    def assistant_indices(self) -> list[int]:
-        return self.steps
-
-    @property
-    def has_tool_calls(self) -> bool:
-        return self.tool_calls
-
-    def chars(self, start: int, end: int) -> int:
-        return self.prefix[end] - self.prefix[start]
-
-    def key(self) -> bytes:
-        return self.dedupe_key
-
-    def head(self, end: int) -> Any:
-        return RawJSONList(self.texts[:end])
-
-
-SCALARS = [c for c in COLUMNS if c not in ("conv_messages", "conv_chars", "conv_tools")]
-MESSAGES = ["conv_messages", "conv_chars", "conv_tools"]
-
-
-def rows(
-    store: Any, flt: Any, *, messages: bool = True, columns: list[str] = MESSAGES
-) -> Iterator[tuple[str, RowView | None, PackedConversation | None]]:
+def rows(store: Any, flt: Any, columns: list[str]) -> Iterator[tuple[str, RowView | None, SegmentRow | None]]:
     """`(ref, view, conversation)` per stored trace in listing order; `(ref, None, None)` for one to read whole.
-    A view that `flt` rules out comes without a conversation. `messages=False`: conversations without their
-    messages (see `PackedConversation`), with the segment's `columns` read besides the scalar ones."""
+    A view that `flt` rules out comes without a conversation. `columns`: read besides the scalar ones, for the
+    rows to be made from (`flowrl.data.columnar_kto`)."""
     side: set[str] | None = None
-    for batch in store.scan_columns(flt, SCALARS + [c for c in (MESSAGES if messages else columns)]):
+    for batch in store.scan_columns(flt, SCALARS + columns):
         if side is None:  # after the listing has read the side records
             side = store.side_ids()
         if batch.table is None:
             for ref in batch.refs:
                 yield ref, None, None
             continue
-        cols = batch.lists(SCALARS + (MESSAGES if messages else []))
+        cols = batch.lists(SCALARS)
         for i, ref in enumerate(batch.refs):
             if cols["conv_steps"][i] is None or cols["llm_calls"][i]:  # no chat derived (all its columns null)
                 yield ref, None, None
@@ -150,10 +115,8 @@ def rows(
                 yield ref, None, None
             elif not flt.matches(view):
                 yield ref, view, None
-            elif messages:
-                yield ref, view, _conversation(cols, i, cols["conv_messages"][i])
             else:
-                yield ref, view, SegmentRow(cols, i, batch)  # type: ignore[misc]
+                yield ref, view, SegmentRow(cols, i, batch)
 
 
 def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:
@@ -219,27 +182,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _conversation(cols: dict[str, list[Any]], i: int, messages: list[str]) -> PackedConversation:
-    prefix = [0]
-    for n in cols["conv_chars"][i]:
-        prefix.append(prefix[-1] + n)
-    return PackedConversation(
-        messages=[RawJSON(m) for m in messages],  # type: ignore[misc]
-        texts=messages,
-        prompt_end=cols["conv_prompt_end"][i],
-        tools=RawJSON(cols["conv_tools"][i]),  # type: ignore[arg-type]
-        synthesized=cols["conv_synthesized"][i],
-        steps=cols["conv_steps"][i],
-        prefix=prefix,
-        dedupe_key=cols["conv_key"][i],
-        tool_calls=cols["conv_tool_calls"][i],
-    )
-
-
 class SegmentRow:
-    """A trace's conversation as a build that makes rows a segment at a time needs it (`rows(...,
-    messages=False)`): what the pipeline checks of a conversation, and where its columns are (`batch`: the
-    segment's `ColumnRows`, `row`: the trace's row in its table) instead of its messages."""
+    """A trace's conversation as a build that makes rows a segment at a time needs it: what the pipeline checks
+    of a conversation, and where its columns are (`batch`: the segment's `ColumnRows`, `row`: the trace's row in
+    its table) instead of its messages."""
 
     __slots__ = ("prompt_end", "steps", "dedupe_key", "synthesized", "has_tool_calls", "batch", "row")
 

@@ -112,8 +112,7 @@ class _Source:
         self.flt = filters.trace_filter()
         self.stats = stats
         self.columnar = False
-        self.batched = False  # rows a segment at a time (`flowrl.data.columnar_kto`): conversations without messages
-        self.columns: list[str] = []  # what a batched scan reads besides the scalar columns
+        self.columns: list[str] = []  # what a columnar scan reads besides the scalar columns
 
     def operation(self) -> Any:
         import contextlib
@@ -139,7 +138,7 @@ class _Source:
                     yield None, trace, None
             return
         if self.columnar:
-            for ref, view, conv in columnar.rows(self.store, self.flt, messages=not self.batched, columns=self.columns):
+            for ref, view, conv in columnar.rows(self.store, self.flt, self.columns):
                 if view is None:
                     self.stats.read_whole += 1
                     yield self._read(ref, None)
@@ -238,7 +237,6 @@ class DatasetPipeline:
         if src.store is not None:
             why_not = columnar.reason_not(self.builder, src.store, self)
             src.columnar = self.stats.columnar = why_not is None
-            src.batched = src.columnar and isinstance(self.builder, KTODatasetBuilder)
             log.debug(
                 "flowrl: %s build%s", "columnar" if why_not is None else "row-by-row", f" ({why_not})" * bool(why_not)
             )
@@ -270,7 +268,7 @@ class DatasetPipeline:
         """The worker processes of this build, or None (said once when `workers` asked for them in vain)."""
         if self.workers == 1:
             return None
-        if not src.batched:
+        if not src.columnar:
             why = why_not or f"a {self.method} build is made in one process"
         elif not getattr(src.store, "shared", False):
             why = "the store is in this process's memory"
@@ -313,7 +311,7 @@ class DatasetPipeline:
             self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
         seen: set[bytes] = set()
-        run: list[Pending] = []  # traces of one segment whose rows are made together (`src.batched`)
+        run: list[Pending] = []  # traces of one segment whose rows are made together (`src.columnar`)
         for done, (ref, trace, packed) in enumerate(src.scan(), 1):
             if on_progress and (done % 500 == 0 or done == total):
                 on_progress("read", done, total)

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.data.spools import BUCKETS, FinishPart, RawJSON, RawJSONList, SpoolSet, finish_part, permutation
+from flowrl.data.spools import BUCKETS, FinishPart, SpoolSet, finish_part, permutation
 
-__all__ = ["BUCKETS", "DiskSink", "MemorySink", "RawJSON", "RawJSONList", "Shuffle", "ordered"]
+__all__ = ["BUCKETS", "DiskSink", "MemorySink", "Shuffle", "ordered"]
 
 SHUFFLE_BLOCK = 65536
 
@@ -41,9 +41,12 @@ class Shuffle:
         if not self.shuffle:
             return 0
         if self._pos == len(self._ids):
-            self._ids, self._pos = self._rng.integers(0, BUCKETS, SHUFFLE_BLOCK).tolist(), 0
+            self._refill()
         self._pos += 1
         return self._ids[self._pos - 1]
+
+    def _refill(self) -> None:
+        self._ids, self._pos = self._rng.integers(0, BUCKETS, SHUFFLE_BLOCK).tolist(), 0
 
     def take(self, n: int) -> Any:
         """The buckets of the next `n` rows (numpy), as `n` calls of `bucket` give them."""
@@ -54,7 +57,7 @@ class Shuffle:
         parts = []
         while n:
             if self._pos == len(self._ids):
-                self._ids, self._pos = self._rng.integers(0, BUCKETS, SHUFFLE_BLOCK).tolist(), 0
+                self._refill()
             got = self._ids[self._pos : self._pos + n]
             self._pos += len(got)
             n -= len(got)

@@ -6,9 +6,6 @@ batches in the features' schema) and, once closed, `{stem}.idx` (where each line
 number: its place among the split's rows as they were made). Several processes may spool rows of one bucket
 (`flowrl.data.workers`); `finish_part` puts a bucket's rows back in their sequence order, permutes them with the
 bucket's seeded permutation (`permutation`), and writes them: the same bytes whichever process spooled which row.
-
-A row's value may be `RawJSON` (JSON text already serialised: a columnar build's messages) or `RawJSONList` (a
-list of them), written as they are.
 """
 
 from __future__ import annotations
@@ -27,41 +24,8 @@ BUCKETS = 32  # a finish holds one bucket (1/32 of a split) in memory at a time
 FINISH_CHUNK = 8 * WRITE_BATCH  # rows a finish takes at a time from a bucket
 
 
-class RawJSON:
-    """JSON text put into a row as it is (`text` must be valid JSON; `"null"` is a null). Not a dataclass:
-    orjson would write those as objects."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"RawJSON({self.text!r})"
-
-
-class RawJSONList:
-    """A list of JSON texts (`RawJSON`'s) put into a row as a JSON array, as it is."""
-
-    __slots__ = ("texts",)
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-
-    def __repr__(self) -> str:
-        return f"RawJSONList({self.texts!r})"
-
-
-def _default(value: Any) -> Any:
-    if type(value) is RawJSON:
-        return orjson.Fragment(value.text)
-    if type(value) is RawJSONList:
-        return orjson.Fragment("[" + ",".join(value.texts) + "]")
-    return str(value)
-
-
 def _dumps(row: dict[str, Any]) -> bytes:
-    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS, default=_default)
+    return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS, default=str)
 
 
 def permutation(seed: int, shuffle: bool, bucket: int, n: int) -> Any:
@@ -273,19 +237,11 @@ def _same(value: Any) -> Any:
 
 
 def _json_texts(value: Any) -> list[Any] | None:
-    if value is None:
-        return None
-    if type(value) is RawJSONList:
-        return value.texts
-    return [_json_text(v) for v in value]
+    return None if value is None else [_json_text(v) for v in value]
 
 
 def _json_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if type(value) is RawJSON:
-        return None if value.text == "null" else value.text
-    return orjson.dumps(value, default=_default).decode()
+    return None if value is None else orjson.dumps(value, default=str).decode()
 
 
 def _arrow(values: list[Any], feature: Any) -> Any:
