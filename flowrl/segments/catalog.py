@@ -148,12 +148,8 @@ class Catalog:
         best, base, written = self._seg_best, ids.number << 32, ids.written
         for row, tid in enumerate(ids.ids):
             slot = best.get(tid)
-            if slot is None or self._rank(slot) < (written[row], 1, path):
+            if slot is None or self._ref(slot).rank < (written[row], 1, path):  # a second copy of the id
                 best[tid] = base | row
-
-    def _rank(self, slot: int) -> tuple[int, int, str]:
-        path = self._paths[slot >> 32]
-        return (self._segments[path].written[slot & 0xFFFFFFFF], 1, path)
 
     def _ref(self, slot: int) -> Ref:
         path, row = self._paths[slot >> 32], slot & 0xFFFFFFFF
@@ -248,7 +244,7 @@ class Catalog:
                 best, base, json = self._seg_best, ids.number << 32, self._json
                 for row, tid in enumerate(ids.ids):
                     if (mask is None or mask[row]) and best.get(tid) == base | row:
-                        ref = Ref((ids.written[row], 1, path), path, row, day)
+                        ref = self._ref(base | row)
                         js = json.get(tid)
                         if js is None or js < ref:
                             winners.append(ref)
