@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,9 +103,10 @@ class Workers:
                 proc.terminate()
                 proc.join()
 
-    def _collect(self, kind: str | tuple[str, ...], n: int) -> list[tuple[Any, ...]]:
-        got: list[tuple[Any, ...]] = []
-        while len(got) < n:
+    def _collect(self, kind: str | tuple[str, ...], n: int) -> Iterator[tuple[Any, ...]]:
+        """The next `n` replies, each as it comes (a failed or dead worker raises `WorkerError`)."""
+        got = 0
+        while got < n:
             try:
                 reply = self.replies.get(timeout=1.0)
             except queue.Empty:
@@ -114,8 +116,8 @@ class Workers:
                 raise WorkerError(f"build worker {reply[1]} failed: {reply[2]}")
             if reply[0] not in ((kind,) if isinstance(kind, str) else kind):
                 raise WorkerError(f"build worker {reply[1]} answered {reply[0]!r} where {kind!r} was due")
-            got.append(reply)
-        return got
+            got += 1
+            yield reply
 
     def _check(self) -> None:
         for k, proc in enumerate(self.procs):
