@@ -57,6 +57,7 @@ from flowrl.ingest.unpickler import read_bytes
 from flowrl.ingest.upgrade import StoreUpgrader
 from flowrl.redact import Redactor
 from flowrl.store import TraceStore, atomic_write_bytes, default_root
+from flowrl.store_index import STAGING
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class Watcher:
         if flush is not None:
             flush()
         data = {"version": STATE_VERSION, "files": self.files_state}
-        staging = self.store.staging if isinstance(self.store, TraceStore) else self.home / ".staging"
+        staging = self.home / STAGING  # a local store's own staging folder
         staging.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.state_path, orjson.dumps(data), staging)
         self._dirty = False
