@@ -148,7 +148,6 @@ class FinishPart:
     arrow: str
     seed: int
     shuffle: bool
-    rows: int = 0
 
 
 def finish_part(part: FinishPart, schema: Any) -> int:
