@@ -453,9 +453,11 @@ def reference(trace: ExecutionTrace) -> Reference:
 
 def is_manual_label(trace: ExecutionTrace) -> bool:
     """A label a person gave (`flowrl traces label`, or toolboxv2's `manual_review`): never overwritten."""
-    if trace.label is None:
-        return False
-    return trace.label_source == "manual" or (trace.label_source is None and trace.manual_review)
+    return _manual(trace.label, trace.label_source, trace.manual_review)
+
+
+def _manual(label: bool | None, label_source: str | None, manual_review: bool) -> bool:
+    return label is not None and (label_source == "manual" or (label_source is None and bool(manual_review)))
 
 
 def _number(value: Any) -> float | None:
@@ -481,20 +483,34 @@ def label_at(trace: ExecutionTrace, threshold: float | None = None) -> tuple[boo
     """(label, where it came from: manual, host, threshold, engine or none). A manual label always wins; then
     the host's `success`; then `label_for(reward_score)` at `threshold` when one is given; then the engine's
     stored label; then `label_for(reward_score)` at `DEFAULT_THRESHOLD`."""
-    if is_manual_label(trace):
-        return bool(trace.label), "manual"
-    verdict = host_verdict(trace)
-    if verdict.success is not None:
-        return verdict.success, "host"
-    score = trace.reward_score
+    success = host_verdict(trace).success
+    fields = (trace.label, trace.label_source, trace.manual_review, success, trace.reward_score, trace.rewards)
+    return label_of(*fields, threshold)
+
+
+def label_of(
+    label: bool | None,
+    label_source: str | None,
+    manual_review: bool,
+    host_success: bool | None,
+    score: float | None,
+    rewards: Mapping[str, Any] | None,
+    threshold: float | None = None,
+) -> tuple[bool | None, str]:
+    """`label_at` from a trace's fields as plain values (`host_success`: `host_verdict(trace).success`), for a
+    build that reads them from columns (`flowrl.data.columnar`)."""
+    if _manual(label, label_source, manual_review):
+        return bool(label), "manual"
+    if host_success is not None:
+        return host_success, "host"
     if score is not None and math.isnan(score):
         score = None
     if threshold is not None and score is not None:
-        return label_for(score, threshold=threshold, rewards=trace.rewards), "threshold"
-    if trace.label is not None:
-        return bool(trace.label), "engine"
+        return label_for(score, threshold=threshold, rewards=rewards), "threshold"
+    if label is not None:
+        return bool(label), "engine"
     if score is not None:
-        return label_for(score, rewards=trace.rewards), "threshold"
+        return label_for(score, rewards=rewards), "threshold"
     return None, "none"
 
 

@@ -44,6 +44,11 @@ def _store(root: Path) -> SegmentStore:
     store.label(traces[62].trace_id, False)
     store.modify(traces[63].trace_id, lambda t: setattr(t, "user_query", "another task"))  # not a label: whole
     store.record_outcome(traces[64].trace_id, success=False)
+    for trace in traces[130:136]:  # the same in a segment with the derived columns: between rows decided by columns
+        store.modify(trace.trace_id, lambda t: setattr(t, "reward_score", 0.9) or setattr(t, "label", None))
+    store.label(traces[140].trace_id, False)
+    store.modify(traces[141].trace_id, lambda t: setattr(t, "user_query", "a third task"))
+    store.record_outcome(traces[142].trace_id, success=True)
     store.flush()
     TraceStore(root).write(synthetic_trace(500, n_tasks=12))  # the per-trace layout, read beside
     return store
@@ -82,7 +87,7 @@ def test_the_columnar_build_is_the_row_by_row_build(
     slow = _build(store, tmp_path / "slow", row_by_row=True, monkeypatch=monkeypatch, **dict(options))
     assert fast.stats.columnar and not slow.stats.columnar
     if not options:  # read whole: the v1 segment's 100 rows, 10 with token ids, the JSON file, a query, an outcome
-        assert fast.stats.read_whole == 100 + 10 + 1  # (the patched query and the outcome are in the v1 segment)
+        assert fast.stats.read_whole == 100 + 10 + 1 + 2  # (one query and one outcome in the v1 segment)
     for split in fast.counts:
         assert (fast.out / "data" / f"{split}.jsonl").read_bytes() == (
             slow.out / "data" / f"{split}.jsonl"
@@ -114,6 +119,9 @@ def test_labels_given_after_writing_reach_the_columnar_rows(tmp_path: Path, monk
     assert rows["syn0x0000062"]["label"] is False
     assert rows["syn0x0000030"]["reward"] == 0.05 and rows["syn0x0000030"]["label"] is False
     assert rows["syn0x0000064"]["label_source"] == "host"
+    assert rows["syn0x0000130"]["reward"] == 0.9 and rows["syn0x0000130"]["label"] is True
+    assert rows["syn0x0000140"]["label"] is False and rows["syn0x0000140"]["label_source"] == "manual"
+    assert rows["syn0x0000142"]["label"] is True and rows["syn0x0000142"]["label_source"] == "host"
     assert ("dup-of-5" in rows) != ("syn0x0000005" in rows)  # one of two equal runs
     assert rows["syn0x0000205"]["captured"]["call"]["completion_ids"] == [4, 5]
 

@@ -93,10 +93,37 @@ class RowView:
     llm_calls: tuple[()] = ()
 
 
-def rows(store: Any, flt: Any, columns: list[str]) -> Iterator[tuple[str, RowView | None, SegmentRow | None]]:
-    """`(ref, view, conversation)` per stored trace in listing order; `(ref, None, None)` for one to read whole.
-    A view that `flt` rules out comes without a conversation. `columns`: read besides the scalar ones, for the
-    rows to be made from (`flowrl.data.columnar_kto`)."""
+# what the pipeline reads of a row decided from its columns alone (`Decided`): the filters' columns were applied by
+# the listing, and `conv_steps` is read as its length
+DECIDED = [c for c in SCALARS if c not in ("agent_name", "session_id", "source", "conv_steps", "llm_calls")]
+
+
+@dataclass
+class Decided:
+    """Consecutive rows of a segment that need nothing but their columns: a derived chat, no LLM calls, no side
+    record. The listing's column pushdown (`flowrl.segments.pushdown`) let only rows through that the filters
+    match, so the pipeline decides them without a `RowView` or a `SegmentRow` each (`DatasetPipeline._decide`)."""
+
+    batch: ColumnRows
+    rows: list[int]  # the rows in the segment's table
+    cols: dict[str, list[Any]]  # DECIDED, and `steps`: the number of assistant steps
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+Item = tuple[str | None, "RowView | None", "SegmentRow | None"] | Decided
+
+
+def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
+    """The stored traces in listing order: stretches of rows decided from their columns (`Decided`), and
+    `(ref, view, conversation)` for each other row: `(ref, None, None)` for one to read whole, a view that `flt`
+    rules out without a conversation. `columns`: read besides the scalar ones, for the rows to be made from
+    (`flowrl.data.columnar_kto`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     side: set[str] | None = None
     for batch in store.scan_columns(flt, SCALARS + columns):
         if side is None:  # after the listing has read the side records
@@ -105,18 +132,45 @@ def rows(store: Any, flt: Any, columns: list[str]) -> Iterator[tuple[str, RowVie
             for ref in batch.refs:
                 yield ref, None, None
             continue
-        cols = batch.lists(SCALARS)
-        for i, ref in enumerate(batch.refs):
-            if cols["conv_steps"][i] is None or cols["llm_calls"][i]:  # no chat derived (all its columns null)
-                yield ref, None, None
-                continue
-            view = _view(store, cols, i, side)
-            if view is None:
-                yield ref, None, None
-            elif not flt.matches(view):
-                yield ref, view, None
-            else:
-                yield ref, view, SegmentRow(cols, i, batch)
+        table = batch.select(SCALARS)
+        slow = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
+        if side:
+            slow = pc.or_(slow, pc.is_in(table.column("trace_id"), pa.array(list(side), pa.string())))
+        slow_at = np.flatnonzero(slow.to_numpy(zero_copy_only=False)).tolist()
+        cols: dict[str, list[Any]] | None = None
+        start = 0
+        for at in [*slow_at, table.num_rows]:
+            if at > start:
+                yield _decided(batch, table, start, at)
+            if at == table.num_rows:
+                break
+            cols = cols or batch.lists(SCALARS)
+            yield _row(store, flt, batch, cols, at, side)
+            start = at + 1
+
+
+def _decided(batch: ColumnRows, table: Any, start: int, end: int) -> Decided:
+    import pyarrow.compute as pc
+
+    part = table.slice(start, end - start)
+    cols = {name: part.column(name).to_pylist() for name in DECIDED}
+    cols["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
+    index = batch.index or []
+    return Decided(batch, index[start:end], cols)
+
+
+def _row(
+    store: Any, flt: Any, batch: ColumnRows, cols: dict[str, list[Any]], i: int, side: set[str]
+) -> tuple[str, RowView | None, SegmentRow | None]:
+    ref = batch.refs[i]
+    if cols["conv_steps"][i] is None or cols["llm_calls"][i]:  # no chat derived (all its columns null)
+        return ref, None, None
+    view = _view(store, cols, i, side)
+    if view is None:
+        return ref, None, None
+    if not flt.matches(view):
+        return ref, view, None
+    return ref, view, SegmentRow(cols, i, batch)
 
 
 def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:

@@ -17,20 +17,45 @@ from typing import Any
 import orjson
 
 
-@dataclass(slots=True)
 class Pending:
-    """A trace that gets rows: its segment (`ColumnRows`), its row in the segment's table, and what the pipeline
-    decided for it."""
+    """The traces of one segment (`batch`, its `ColumnRows`) that get rows, in listing order: per trace, its row in
+    the segment's table and what the pipeline decided for it (a list per field, not an object per trace)."""
 
-    batch: Any  # the segment's `ColumnRows`
-    row: int
-    first: int  # the first assistant step with a row (`KTODatasetBuilder.first_row`)
-    label: bool
-    source: str
-    split: str
-    group_id: str
-    trace_id: str
-    reward: float | None
+    FIELDS = ("rows", "first", "label", "source", "split", "group_id", "trace_id", "reward")
+
+    def __init__(self, batch: Any = None) -> None:
+        self.batch = batch
+        self.rows: list[int] = []
+        self.first: list[int] = []  # the first assistant step with a row (`KTODatasetBuilder.first_row`)
+        self.label: list[bool] = []
+        self.source: list[str] = []
+        self.split: list[str] = []
+        self.group_id: list[str] = []
+        self.trace_id: list[str] = []
+        self.reward: list[float | None] = []
+
+    def add(
+        self,
+        row: int,
+        first: int,
+        label: bool,
+        source: str,
+        split: str,
+        group_id: str,
+        trace_id: str,
+        reward: float | None,
+    ) -> None:
+        self.rows.append(row)
+        self.first.append(first)
+        self.label.append(label)
+        self.source.append(source)
+        self.split.append(split)
+        self.group_id.append(group_id)
+        self.trace_id.append(trace_id)
+        self.reward.append(reward)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 @dataclass
@@ -50,14 +75,14 @@ class Plan:
     used: int  # traces with at least one row
 
 
-def plan(table: Any, pending: list[Pending], max_chars: int | None) -> Plan:
+def plan(table: Any, pending: Pending, max_chars: int | None) -> Plan:
     """The rows of `pending` (traces of one segment, in listing order) from the segment's `table`
     (`conv_steps`, `conv_chars`, one chunk each)."""
     import numpy as np
 
     chars, steps = (table.column(n).chunk(0) for n in ("conv_chars", "conv_steps"))
-    rows = np.array([p.row for p in pending], dtype=np.int64)
-    first = np.array([p.first for p in pending], dtype=np.int64)
+    rows = np.array(pending.rows, dtype=np.int64)
+    first = np.array(pending.first, dtype=np.int64)
 
     # one row per assistant step from `first` on: parent (index into pending), step number, message index
     step_off = steps.offsets.to_numpy().astype(np.int64)
@@ -78,15 +103,15 @@ def plan(table: Any, pending: list[Pending], max_chars: int | None) -> Plan:
         else prefix[char_off + index] - prefix[char_off] + completion_chars <= max_chars
     )
     parent, step, index = parent[fits], step[fits], index[fits]
-    labels = np.array([p.label for p in pending], dtype=bool)
-    traces = {
-        "label": labels.tolist(),
-        "source": [p.source for p in pending],
-        "group_id": [p.group_id for p in pending],
-        "trace_id": [p.trace_id for p in pending],
-        "reward": [p.reward for p in pending],
+    labels = np.array(pending.label, dtype=bool)
+    traces: dict[str, list[Any]] = {
+        "label": pending.label,
+        "source": pending.source,
+        "group_id": pending.group_id,
+        "trace_id": pending.trace_id,
+        "reward": pending.reward,
     }
-    split = np.array([p.split for p in pending], dtype=object)[parent]
+    split = np.array(pending.split, dtype=object)[parent]
     dropped = int(len(fits) - fits.sum())
     return Plan(rows, parent, step, index, split, labels[parent], traces, dropped, int(np.unique(parent).size))
 

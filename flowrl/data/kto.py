@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from flowrl.conversation import Conversation
-from flowrl.data.base import DatasetBuilder, RowContext, effective_label
+from flowrl.data.base import BuildStats, DatasetBuilder, RowContext, effective_label
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.schema import ExecutionTrace
@@ -81,13 +81,16 @@ class KTODatasetBuilder(DatasetBuilder):
     ) -> tuple[bool, str] | None:
         """The label every row of `trace` carries and where it came from; None (counted) for an unlabelled run.
         `plain`: `effective_label(trace)` when the caller has it (the same without a threshold)."""
-        label, source = (
-            plain if plain is not None and self.threshold is None else effective_label(trace, self.threshold)
-        )
+        labelled = plain if plain is not None and self.threshold is None else effective_label(trace, self.threshold)
+        return self.counted_label(labelled, ctx.stats)
+
+    def counted_label(self, labelled: tuple[bool | None, str], stats: BuildStats) -> tuple[bool, str] | None:
+        """`trace_label`'s answer from the trace's label at this builder's threshold, counted in `stats`."""
+        label, source = labelled
         if label is None:
-            ctx.stats.skip("unlabelled (no label, no reward)")
+            stats.skip("unlabelled (no label, no reward)")
             return None
-        ctx.stats.label_sources[source] += 1
+        stats.label_sources[source] += 1
         return label, source
 
     def first_row(self, steps: int) -> int:

@@ -39,6 +39,7 @@ from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
 from flowrl.data.workers import HEAVY, SegmentTask, Workers
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
+from flowrl.facts import label_of
 from flowrl.schema import ExecutionTrace
 from flowrl.store import ReadProblem, TraceStore
 from flowrl.store_outcomes import ids_with_outcomes
@@ -138,7 +139,11 @@ class _Source:
                     yield None, trace, None
             return
         if self.columnar:
-            for ref, view, conv in columnar.rows(self.store, self.flt, self.columns):
+            for item in columnar.items(self.store, self.flt, self.columns):
+                if isinstance(item, columnar.Decided):
+                    yield item  # type: ignore[misc]  # a stretch of rows: `DatasetPipeline._run` tells them apart
+                    continue
+                ref, view, conv = item
                 if view is None:
                     self.stats.read_whole += 1
                     yield self._read(ref, None)
@@ -253,7 +258,7 @@ class DatasetPipeline:
                 arrows = sink.finish(out, on_progress=on_progress)
             else:
                 arrows = self._finish(pool, sink, out, on_progress)
-            _save(out, arrows, parquet)
+            _save(out, arrows, self.builder.features(), parquet)
         finally:
             if pool is not None:
                 pool.terminate(wait=False)
@@ -311,43 +316,96 @@ class DatasetPipeline:
             self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
         seen: set[bytes] = set()
-        run: list[Pending] = []  # traces of one segment whose rows are made together (`src.columnar`)
-        for done, (ref, trace, packed) in enumerate(src.scan(), 1):
-            if on_progress and (done % 500 == 0 or done == total):
-                on_progress("read", done, total)
-            if ref is None:
-                continue
-            self.stats.traces_read += 1
-            conv = self._conversation(trace, seen, packed)
-            if conv is None:
-                continue
-            if self.builder.grouped:
-                info = self.builder.info(trace, ref, self.grouper.raw_key(trace))
-                if info is not None:
-                    infos.append(info)
-                continue
-            if isinstance(trace, columnar.RowView):
-                raw = self.grouper.raw_key_of(trace.group_key, trace.query_key)
+        run = Pending()  # traces of one segment whose rows are made together (`src.columnar`)
+        done = told = 0
+        for item in src.scan():
+            if isinstance(item, columnar.Decided):
+                if run.batch is not item.batch:
+                    run = self._add_run(sink, run, item.batch)
+                self._decide(item, run, seen)
+                done += len(item)
             else:
-                raw = self.grouper.raw_key(trace)
-            group_id, split = self._task(raw)
-            batch = getattr(conv, "batch", None)
-            if run and (batch is None or batch is not run[0].batch):
-                self._add_run(sink, run)
-            if batch is not None:
-                self._pend(run, trace, conv, RowContext(group_id, self.stats), split)
-                continue
-            used = False
-            for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
-                self._add(sink, split, row)
-                used = True
-            self.stats.traces_used += used
-        if run:
-            self._add_run(sink, run)
+                ref, trace, packed = item
+                done += 1
+                if ref is not None:
+                    self.stats.traces_read += 1
+                    conv = self._conversation(trace, seen, packed)
+                    if conv is not None:
+                        run = self._trace(sink, run, infos, ref, trace, conv)
+            if on_progress and (done - told >= 500 or done == total):
+                on_progress("read", done, total)
+                told = done
+        self._add_run(sink, run, None)
         if on_progress:
             on_progress("read", total or 0, total)
         if self.builder.grouped:
             self._grouped(src, sink, infos)
+
+    def _trace(
+        self,
+        sink: DiskSink | MemorySink,
+        run: Pending,
+        infos: list[TraceInfo],
+        ref: Any,
+        trace: ExecutionTrace,
+        conv: Conversation,
+    ) -> Pending:
+        """A trace's rows (or its `TraceInfo`); the run of a segment's pending traces it leaves."""
+        if self.builder.grouped:
+            info = self.builder.info(trace, ref, self.grouper.raw_key(trace))
+            if info is not None:
+                infos.append(info)
+            return run
+        if isinstance(trace, columnar.RowView):
+            raw = self.grouper.raw_key_of(trace.group_key, trace.query_key)
+        else:
+            raw = self.grouper.raw_key(trace)
+        group_id, split = self._task(raw)
+        batch = getattr(conv, "batch", None)
+        if run.batch is not batch:
+            run = self._add_run(sink, run, batch)
+        if batch is not None:
+            self._pend(run, trace, conv, RowContext(group_id, self.stats), split)
+            return run
+        used = False
+        for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
+            self._add(sink, split, row)
+            used = True
+        self.stats.traces_used += used
+        return run
+
+    def _decide(self, rows: columnar.Decided, run: Pending, seen: set[bytes]) -> None:
+        """`_conversation` and `_pend` for each of a stretch of rows that their columns decide: the same decisions
+        and counts in the same order, without an object per trace."""
+        stats, builder, task = self.stats, cast(KTODatasetBuilder, self.builder), self._task
+        dedupe, raw_key, threshold, skip = self.filters.dedupe, self.grouper.raw_key_of, builder.threshold, stats.skip
+        c = rows.cols
+        for i, (prompt_end, steps, key, score) in enumerate(
+            zip(c["conv_prompt_end"], c["steps"], c["conv_key"], c["reward_score"], strict=True)
+        ):
+            stats.traces_read += 1
+            if prompt_end == 0:
+                skip("no user turn")
+                continue
+            if not steps:
+                skip("no assistant turn")
+                continue
+            if dedupe:
+                if key in seen:
+                    skip("duplicate")
+                    continue
+                seen.add(key)
+            stats.add_reward(score)
+            rewards = orjson.loads(c["rewards"][i])
+            facts = (c["label"][i], c["label_source"][i], c["manual_review"][i], None, score, rewards)
+            plain = label_of(*facts)
+            stats.trace_labels[str(plain[0]).lower()] += 1
+            stats.synthesized += c["conv_synthesized"][i]
+            stats.without_tool_calls += not c["conv_tool_calls"][i]
+            group_id, split = task(raw_key(c["group_key"][i], c["query_key"][i]))
+            labelled = builder.counted_label(plain if threshold is None else label_of(*facts, threshold), stats)
+            if labelled is not None:
+                run.add(rows.rows[i], builder.first_row(steps), *labelled, split, group_id, c["trace_id"][i], score)
 
     def _task(self, raw_key: str) -> tuple[str, str]:
         """The group id and split of a task key; remembered, as a store holds many runs of a task (up to
@@ -405,32 +463,30 @@ class DatasetPipeline:
                 used.update(row_trace_ids(row))
         self.stats.traces_used = len(used)
 
-    def _pend(self, run: list[Pending], view: Any, conv: Any, ctx: RowContext, split: str) -> None:
+    def _pend(self, run: Pending, view: Any, conv: Any, ctx: RowContext, split: str) -> None:
         builder = cast(KTODatasetBuilder, self.builder)
         labelled = builder.trace_label(view, ctx, self._label)
         if labelled is None:
             return
         first = builder.first_row(len(conv.steps))
-        run.append(
-            Pending(conv.batch, conv.row, first, *labelled, split, ctx.group_id, view.trace_id, view.reward_score)
-        )
+        run.add(conv.row, first, *labelled, split, ctx.group_id, view.trace_id, view.reward_score)
 
-    def _add_run(self, sink: DiskSink | MemorySink, run: list[Pending]) -> None:
+    def _add_run(self, sink: DiskSink | MemorySink, run: Pending, batch: Any) -> Pending:
         """The rows of `run` (traces of one segment) made with Arrow, added as `_add` adds rows one by one: here,
-        or by a worker process."""
+        or by a worker process. Returns a new run for the traces of `batch`."""
+        if not run:
+            return Pending(batch)
         assert isinstance(sink, DiskSink)
-        batch = run[0].batch
-        made = plan(batch.table, run, self.builder.max_chars)
-        run.clear()
+        made = plan(run.batch.table, run, self.builder.max_chars)
         self.stats.dropped_too_long += made.dropped
         self.stats.traces_used += made.used
         if not len(made.parent):
-            return
+            return Pending(batch)
         if self._pool_now is not None:
             names, keys, seq = sink.assign(made.split)
-            self._pool_now.submit(SegmentTask(batch.path, batch.location, made, names, keys, seq))
+            self._pool_now.submit(SegmentTask(run.batch.path, run.batch.location, made, names, keys, seq))
         else:
-            sink.add_batch(made.split, *materialize(batch.table, made, sink.features.arrow_schema))
+            sink.add_batch(made.split, *materialize(run.batch.table, made, sink.features.arrow_schema))
         for split in dict.fromkeys(made.split.tolist()):  # in the order the rows come
             labels = made.label[made.split == split]
             self.stats.rows[split] += len(labels)
@@ -438,6 +494,7 @@ class DatasetPipeline:
                 n = int((labels == label).sum())
                 if n:
                     self.stats.labels.setdefault(split, Counter())["true" if label else "false"] += n
+        return Pending(batch)
 
     def _add(self, sink: DiskSink | MemorySink, split: str, row: dict[str, Any]) -> None:
         if self.budget is not None:
@@ -539,26 +596,28 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _save(out: Path, arrows: dict[str, list[Path]], parquet: bool) -> None:
+def _save(out: Path, arrows: dict[str, list[Path]], features: Any, parquet: bool) -> None:
     """Put each split's Arrow files where `datasets.load_from_disk` finds them, with the state and info files that
-    `Dataset.save_to_disk` writes (its own copy would read every row again: the memory of the whole set)."""
+    `Dataset.save_to_disk` writes. Neither its own copy nor opening the files is needed: a copy would read every
+    row again, and opening memory-maps them, which for a large build takes hundreds of MiB of resident pages."""
     import json
     import os
     from dataclasses import asdict
 
-    from datasets import Dataset, concatenate_datasets, config
+    from datasets import Dataset, DatasetInfo, config
+    from datasets.fingerprint import Hasher
 
+    info = asdict(DatasetInfo(features=features))
     for split, paths in arrows.items():
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
         names = [f"data-{i:05d}-of-{len(paths):05d}.arrow" for i in range(len(paths))]
         for path, name in zip(paths, names, strict=True):
             os.replace(path, folder / name)
-        shards = [Dataset.from_file(str(folder / name)) for name in names]  # memory-mapped: the schema is read
-        ds = shards[0] if len(shards) == 1 else concatenate_datasets(shards)
+        stats = [(name, os.stat(folder / name).st_size, os.stat(folder / name).st_mtime_ns) for name in names]
         state = {
             "_data_files": [{"filename": name} for name in names],
-            "_fingerprint": ds._fingerprint,
+            "_fingerprint": Hasher.hash([str(folder), stats]),  # what identifies these files, as datasets' own does
             "_format_columns": None,
             "_format_kwargs": {},
             "_format_type": None,
@@ -566,9 +625,12 @@ def _save(out: Path, arrows: dict[str, list[Path]], parquet: bool) -> None:
             "_split": None,
         }
         (folder / config.DATASET_STATE_JSON_FILENAME).write_text(json.dumps(state, indent=2, sort_keys=True))
-        info = asdict(ds._info)
         (folder / config.DATASET_INFO_FILENAME).write_text(json.dumps({k: info[k] for k in sorted(info)}, indent=2))
         if parquet:
+            from datasets import concatenate_datasets
+
+            shards = [Dataset.from_file(str(folder / name)) for name in names]
+            ds = shards[0] if len(shards) == 1 else concatenate_datasets(shards)
             ds.to_parquet(str(out / "data" / f"{split}.parquet"))
-        del ds, shards
+            del ds, shards
     (out / config.DATASETDICT_JSON_FILENAME).write_text(json.dumps({"splits": list(arrows)}))

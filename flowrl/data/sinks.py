@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.data.spools import BUCKETS, FinishPart, SpoolSet, finish_part, permutation
+from flowrl.data.spools import BUCKETS, ORDERED_BUCKET, SPAN, FinishPart, SpoolSet, finish_part, permutation
 
 __all__ = ["BUCKETS", "DiskSink", "MemorySink", "Shuffle", "ordered"]
 
@@ -27,7 +27,8 @@ SHUFFLE_BLOCK = 65536
 class Shuffle:
     """The seeded order rows are written in, bounded in memory (an external shuffle): as each row comes it is
     drawn into one of `BUCKETS` buckets (numpy's PCG64 from `seed`); at the end each bucket is permuted (from
-    `seed` and the bucket) and the buckets follow one another. Without `shuffle`, one bucket in order."""
+    `seed` and the bucket) and the buckets follow one another. Without `shuffle`, rows keep their order, in
+    buckets of `ORDERED_BUCKET` rows (a finish holds one bucket, not the split)."""
 
     def __init__(self, seed: int, shuffle: bool) -> None:
         import numpy as np
@@ -36,10 +37,12 @@ class Shuffle:
         self._rng = np.random.default_rng(seed)
         self._ids: list[int] = []
         self._pos = 0
+        self._rows = 0  # rows drawn so far (without `shuffle`)
 
     def bucket(self) -> int:
         if not self.shuffle:
-            return 0
+            self._rows += 1
+            return (self._rows - 1) // ORDERED_BUCKET
         if self._pos == len(self._ids):
             self._refill()
         self._pos += 1
@@ -53,7 +56,8 @@ class Shuffle:
         import numpy as np
 
         if not self.shuffle:
-            return np.zeros(n, dtype=np.int64)
+            self._rows += n
+            return np.arange(self._rows - n, self._rows, dtype=np.int64) // ORDERED_BUCKET
         parts = []
         while n:
             if self._pos == len(self._ids):
@@ -133,7 +137,7 @@ class DiskSink:
 
     def assign(self, splits: Any) -> tuple[list[str], Any, Any]:
         """For rows to be spooled (their splits, numpy, in the order they come): the split names, each row's key
-        (name index * BUCKETS + bucket) and sequence number, as `add` would draw them one by one."""
+        (name index * SPAN + bucket) and sequence number, as `add` would draw them one by one."""
         import numpy as np
 
         names = list(dict.fromkeys(splits.tolist()))
@@ -141,7 +145,7 @@ class DiskSink:
         for rank, split in enumerate(names):
             mask = splits == split
             n = int(mask.sum())
-            keys[mask] = rank * BUCKETS + self._order(split).take(n)
+            keys[mask] = rank * SPAN + self._order(split).take(n)
             self._counts[split] += n
         seq = np.arange(self._seq, self._seq + len(splits), dtype=np.int64)
         self._seq += len(splits)

@@ -21,6 +21,8 @@ import orjson
 SPOOL_BATCH = 1024  # rows per Arrow batch of a spool
 WRITE_BATCH = 1000  # rows per batch of a final Arrow file (`datasets`' default)
 BUCKETS = 32  # a finish holds one bucket (1/32 of a split) in memory at a time
+ORDERED_BUCKET = 65536  # rows of a bucket of a split written in order (not shuffled)
+SPAN = 1 << 32  # a row's spool key: its split's index * SPAN + its bucket
 FINISH_CHUNK = 8 * WRITE_BATCH  # rows a finish takes at a time from a bucket
 
 
@@ -119,7 +121,7 @@ class SpoolSet:
         return spool
 
     def add_batch(self, names: list[str], keys: Any, seq: Any, table: Any, lines: Any) -> None:
-        """Rows made with Arrow, each with its key (`names` index * BUCKETS + bucket) and sequence number: one
+        """Rows made with Arrow, each with its key (`names` index * SPAN + bucket) and sequence number: one
         `take` puts them in key order, each spool gets a slice."""
         import numpy as np
 
@@ -127,7 +129,7 @@ class SpoolSet:
         table, lines, keys, seq = table.take(perm), lines.take(perm), keys[perm], seq[perm]
         cuts = np.flatnonzero(np.diff(keys)) + 1
         for begin, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(perm)], strict=True):
-            spool = self.spool(names[keys[begin] // BUCKETS], int(keys[begin] % BUCKETS))
+            spool = self.spool(names[keys[begin] // SPAN], int(keys[begin] % SPAN))
             spool.add_batch(table.slice(begin, end - begin), lines.slice(begin, end - begin), seq[begin:end])
 
     def close(self) -> dict[tuple[str, int], str]:

@@ -32,6 +32,7 @@ from flowrl.store_index import day_dirs, trace_files, valid_day
 from flowrl.store_outcomes import ids_with_outcomes
 
 Skip = Callable[[str, str], None]
+Keep = Callable[[Segment, str], list[bool] | None]
 _SEGMENT_REF = re.compile(r"^(?P<location>.*\.parquet)#(?P<row>\d+)$")
 _OPEN_SEGMENTS = 8
 _DECODED_GROUPS = 16
@@ -54,6 +55,19 @@ class ScanStats:
 
     segments_opened: int = 0
     row_groups_read: int = 0
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """The winning rows of one segment under a day (ascending), as `Catalog.winners` gives them."""
+
+    path: str
+    day: str
+    rows: list[int]
+    written: array  # the segment's written_ns, by row
+
+    def ref(self, row: int) -> Ref:
+        return Ref((self.written[row], 1, self.path), self.path, row, self.day)
 
 
 @dataclass
@@ -79,7 +93,10 @@ class Catalog:
         self._paths: list[str] = []  # segment number -> path (a removed segment's number is not reused)
         # trace id -> its newest segment row as a slot, number << 32 | row: an int, not a `Ref`, per id
         self._seg_best: dict[str, int] = {}
+        # segments with an id that another segment or a JSON file also holds: their winners are found row by row
+        self._contested: set[int] = set()
         self._json: dict[str, Ref] = {}  # trace id -> JSON file (ids no segment holds are the winners)
+        self._json_contested: set[int] = set()  # segments with an id that a JSON file holds too
         self._open: OrderedDict[str, tuple[Any, Segment]] = OrderedDict()
         self._groups: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
 
@@ -90,6 +107,7 @@ class Catalog:
             self._refresh_segments(skip)
             self._refresh_sidecar(skip)
             self._json = self._list_json(skip)
+            self._json_contested = {self._seg_best[tid] >> 32 for tid in self._json.keys() & self._seg_best.keys()}
             if self.root.local:
                 self.legacy_outcome_ids = ids_with_outcomes(Path(self.root.path))
 
@@ -140,7 +158,7 @@ class Catalog:
         if gone:  # removed by hand: the index is rebuilt without them
             for path in gone:
                 del self._segments[path]
-            self._seg_best = {}
+            self._seg_best, self._contested = {}, set()
             for path, ids in self._segments.items():
                 self._add_best(path, ids)
 
@@ -148,7 +166,11 @@ class Catalog:
         best, base, written = self._seg_best, ids.number << 32, ids.written
         for row, tid in enumerate(ids.ids):
             slot = best.get(tid)
-            if slot is None or self._ref(slot).rank < (written[row], 1, path):  # a second copy of the id
+            if slot is None:
+                best[tid] = base | row
+                continue
+            self._contested.update((slot >> 32, ids.number))  # a second copy of the id
+            if self._ref(slot).rank < (written[row], 1, path):
                 best[tid] = base | row
 
     def _ref(self, slot: int) -> Ref:
@@ -224,9 +246,11 @@ class Catalog:
         with self.lock:
             return sorted({ids.day for ids in self._segments.values()} | {ref.day for ref in self._json.values()})
 
-    def refs(self, day: str, keep: Callable[[Segment, str], list[bool] | None] | None = None) -> Iterator[Ref]:
-        """The winning copies filed under `day`: JSON files by name, then segment rows by object name and row.
-        `keep(segment, location)` may narrow a segment's rows (column pushdown); None keeps them all."""
+    def winners(self, day: str, keep: Keep | None = None) -> Iterator[Ref | SegmentRows]:
+        """The winning copies filed under `day`: JSON files by name (a `Ref` each), then each segment's winning rows
+        (`SegmentRows`), by object name. `keep(segment, location)` may narrow a segment's rows (column pushdown);
+        None keeps them all. A segment with no id that another copy holds (the common case) is listed without a
+        look at each row."""
         with self.lock:
             json_refs = sorted(
                 (r for tid, r in self._json.items() if r.day == day and self._winner(tid) is r),
@@ -240,15 +264,19 @@ class Catalog:
                 if ids is None:
                     continue
                 mask = keep(self._segment(path), self.root.display(path)) if keep is not None else None
-                winners = []
-                best, base, json = self._seg_best, ids.number << 32, self._json
-                for row, tid in enumerate(ids.ids):
-                    if (mask is None or mask[row]) and best.get(tid) == base | row:
-                        ref = self._ref(base | row)
-                        js = json.get(tid)
-                        if js is None or js < ref:
-                            winners.append(ref)
-            yield from winners
+                rows = range(len(ids.ids)) if mask is None else [row for row, ok in enumerate(mask) if ok]
+                if ids.number in self._contested or ids.number in self._json_contested:
+                    rows = [row for row in rows if self._wins(ids, row)]
+            if rows:
+                yield SegmentRows(path, ids.day, list(rows), ids.written)
+
+    def _wins(self, ids: _SegmentIds, row: int) -> bool:
+        """Whether a segment's row is the copy read of its trace (no newer row or JSON file of the id)."""
+        tid, slot = ids.ids[row], ids.number << 32 | row
+        if self._seg_best.get(tid) != slot:
+            return False
+        js = self._json.get(tid)
+        return js is None or js < self._ref(slot)
 
     # -- decoding ------------------------------------------------------------------------------------
     def ref_text(self, ref: Ref) -> str:

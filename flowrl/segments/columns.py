@@ -8,54 +8,73 @@ must be read whole come as refs without columns: JSON files and segments written
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from flowrl.segments.catalog import Catalog, Ref
+from flowrl.segments.catalog import Catalog, Ref, SegmentRows
 from flowrl.segments.format import NotASegment
 
 
 @dataclass
 class ColumnRows:
-    """Consecutive rows of a listing: their refs (as `iter_paths` gives them) and, for a segment that holds
-    them, the segment's asked columns as an Arrow table with the rows the refs stand for (`index`, ascending);
-    `table` None: read each ref whole."""
+    """Consecutive rows of a listing and, for a segment that holds them, the segment's asked columns as an Arrow
+    table with the rows the listing gives (`index`, ascending); `table` None: read each ref whole. `refs` are
+    the listing's strings (as `iter_paths` gives them), made when asked for."""
 
-    refs: list[str]
+    made: Callable[[], list[str]]
     table: Any = None
     index: list[int] | None = None
     path: str = ""  # the segment's path on its filesystem
     location: str = ""  # and as messages name it
+    _refs: list[str] | None = None
+
+    @property
+    def refs(self) -> list[str]:
+        if self._refs is None:
+            self._refs = self.made()
+        return self._refs
 
     def lists(self, names: list[str]) -> dict[str, list[Any]]:
         """The listed rows' values of `names` as Python lists, in the refs' order."""
-        assert self.table is not None and self.index is not None
-        table = self.table.select(names)
-        if len(self.index) != table.num_rows:
-            table = table.take(self.index)
+        table = self.select(names)
         return {name: table.column(name).to_pylist() for name in names}
 
-
-def scan(catalog: Catalog, refs: Iterator[Ref], columns: list[str]) -> Iterator[ColumnRows]:
-    batch: list[Ref] = []
-    for ref in refs:
-        if batch and (ref.path != batch[0].path and not (ref.row < 0 and batch[0].row < 0)):
-            yield _rows(catalog, batch, columns)
-            batch = []
-        batch.append(ref)
-    if batch:
-        yield _rows(catalog, batch, columns)
+    def select(self, names: list[str]) -> Any:
+        """The listed rows' `names` columns (an Arrow table), in the refs' order."""
+        assert self.table is not None and self.index is not None
+        table = self.table.select(names)
+        return table if len(self.index) == table.num_rows else table.take(self.index)
 
 
-def _rows(catalog: Catalog, batch: list[Ref], columns: list[str]) -> ColumnRows:
-    refs = [catalog.ref_text(ref) for ref in batch]
-    if batch[0].row < 0:
-        return ColumnRows(refs)
+def scan(catalog: Catalog, hits: Iterator[Ref | SegmentRows], columns: list[str]) -> Iterator[ColumnRows]:
+    """`hits` (`Catalog.winners`) as batches: a segment's rows with its columns, or consecutive JSON files."""
+    files: list[Ref] = []
+    for hit in hits:
+        if isinstance(hit, Ref):
+            files.append(hit)
+            continue
+        if files:
+            yield _files(catalog, files)
+            files = []
+        yield _segment(catalog, hit, columns)
+    if files:
+        yield _files(catalog, files)
+
+
+def _files(catalog: Catalog, refs: list[Ref]) -> ColumnRows:
+    texts = [catalog.ref_text(ref) for ref in refs]
+    return ColumnRows(lambda: texts)
+
+
+def _segment(catalog: Catalog, hit: SegmentRows, columns: list[str]) -> ColumnRows:
+    def made() -> list[str]:
+        return [catalog.ref_text(hit.ref(row)) for row in hit.rows]
+
     try:
-        table = catalog.columns(batch[0].path, columns)
+        table = catalog.columns(hit.path, columns)
     except (NotASegment, OSError):  # each row is read whole, and reported unreadable the usual way
         table = None
     if table is None:
-        return ColumnRows(refs)
-    return ColumnRows(refs, table, [ref.row for ref in batch], batch[0].path, catalog.root.display(batch[0].path))
+        return ColumnRows(made)
+    return ColumnRows(made, table, hit.rows, hit.path, catalog.root.display(hit.path))

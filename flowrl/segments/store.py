@@ -34,7 +34,7 @@ from flowrl.facts import is_manual_label
 from flowrl.outcomes import HostOutcome
 from flowrl.schema import ExecutionTrace
 from flowrl.segments import lifecycle, names
-from flowrl.segments.catalog import Catalog, Ref, ScanStats
+from flowrl.segments.catalog import Catalog, Ref, ScanStats, SegmentRows
 from flowrl.segments.columns import ColumnRows, scan
 from flowrl.segments.format import encode
 from flowrl.segments.fs import Root, RootURL, protocols
@@ -314,12 +314,17 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         return [*legacy, *self._catalog.view.outcomes(trace_id, skip)]
 
     def _listing(self, flt: TraceFilter | None, problems: ReadProblems) -> Iterator[Ref]:
+        for hit in self._winners(flt, problems):
+            yield from [hit] if isinstance(hit, Ref) else map(hit.ref, hit.rows)
+
+    def _winners(self, flt: TraceFilter | None, problems: ReadProblems) -> Iterator[Ref | SegmentRows]:
+        """The listing (`Catalog.winners`): days in order, `flt`'s days and columns applied."""
         self.flush()  # this process's buffered traces are listed too
         self._catalog.refresh(self._skipper(problems))
         keep = row_filter(flt, self._catalog.view.patched_ids()) if flt is not None else None
         for day in self._catalog.days():
             if flt is None or flt.day_ok(day):
-                yield from self._catalog.refs(day, keep)
+                yield from self._catalog.winners(day, keep)
 
     def iter_paths(self, flt: TraceFilter | None = None) -> Iterator[str]:
         """Where each stored trace is, oldest day first (strings, see the module docstring)."""
@@ -346,7 +351,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         """The stored traces in `iter_paths` order, a segment's rows at a time with `columns` of them
         (`flowrl.segments.columns`), rows `flt`'s columns rule out left out; refs without columns are read
         whole with `read_path`."""
-        return scan(self._catalog, self._listing(flt, self._begin()), columns)
+        return scan(self._catalog, self._winners(flt, self._begin()), columns)
 
     def side_ids(self) -> set[str]:
         """The ids of traces with side records or host outcomes, as of the latest listing."""
