@@ -32,6 +32,7 @@ from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
 from flowrl.data.columnar_kto import Pending, materialize, plan
+from flowrl.data.dedupe import SeenKeys
 from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
 from flowrl.data.kto import KTODatasetBuilder, kto_weights
@@ -315,7 +316,7 @@ class DatasetPipeline:
         if self.grouper.needs_fit and not self.builder.grouped:
             self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
-        seen: set[bytes] = set()
+        seen = SeenKeys()
         run = Pending()  # traces of one segment whose rows are made together (`src.columnar`)
         done = told = 0
         for item in src.scan():
@@ -374,15 +375,18 @@ class DatasetPipeline:
         self.stats.traces_used += used
         return run
 
-    def _decide(self, rows: columnar.Decided, run: Pending, seen: set[bytes]) -> None:
+    def _decide(self, rows: columnar.Decided, run: Pending, seen: SeenKeys) -> None:
         """`_conversation` and `_pend` for each of a stretch of rows that their columns decide: the same decisions
         and counts in the same order, without an object per trace."""
         stats, builder, task = self.stats, cast(KTODatasetBuilder, self.builder), self._task
         dedupe, raw_key, threshold, skip = self.filters.dedupe, self.grouper.raw_key_of, builder.threshold, stats.skip
         c = rows.cols
-        for i, (prompt_end, steps, key, score) in enumerate(
-            zip(c["conv_prompt_end"], c["steps"], c["conv_key"], c["reward_score"], strict=True)
-        ):
+        duplicate = [False] * len(rows)
+        if dedupe:  # the keys of the rows that reach the dedupe step, at once
+            reach = [i for i, (p, n) in enumerate(zip(c["conv_prompt_end"], c["steps"], strict=True)) if p and n]
+            for i, new in zip(reach, seen.first([c["conv_key"][i] for i in reach]).tolist(), strict=True):
+                duplicate[i] = not new
+        for i, (prompt_end, steps, score) in enumerate(zip(c["conv_prompt_end"], c["steps"], c["reward_score"])):
             stats.traces_read += 1
             if prompt_end == 0:
                 skip("no user turn")
@@ -390,11 +394,9 @@ class DatasetPipeline:
             if not steps:
                 skip("no assistant turn")
                 continue
-            if dedupe:
-                if key in seen:
-                    skip("duplicate")
-                    continue
-                seen.add(key)
+            if duplicate[i]:
+                skip("duplicate")
+                continue
             stats.add_reward(score)
             rewards = orjson.loads(c["rewards"][i])
             facts = (c["label"][i], c["label_source"][i], c["manual_review"][i], None, score, rewards)
@@ -419,7 +421,7 @@ class DatasetPipeline:
         return hit
 
     def _conversation(
-        self, trace: ExecutionTrace, seen: set[bytes], packed: Conversation | None = None
+        self, trace: ExecutionTrace, seen: SeenKeys, packed: Conversation | None = None
     ) -> Conversation | None:
         conv = packed or trace_conversation(trace, self.builder.arguments_as)
         if conv.prompt_end == 0:
@@ -430,10 +432,9 @@ class DatasetPipeline:
             return None
         if self.filters.dedupe:
             key = conv.key()
-            if key in seen:
+            if not seen.add(key):
                 self.stats.skip("duplicate")
                 return None
-            seen.add(key)
         self.stats.add_reward(trace.reward_score)
         self._label = effective_label(trace)
         self.stats.trace_labels[str(self._label[0]).lower()] += 1

@@ -103,6 +103,7 @@ class Spool:
         self.offsets.append(self.pos)
         with open(self.stem.with_suffix(".idx"), "wb") as idx:
             idx.write(len(self.seq).to_bytes(8, "little") + self.offsets.tobytes() + self.seq.tobytes())
+        self.offsets, self.seq = array("q"), array("q")  # in the file now: a finish reads them from there
 
 
 class SpoolSet:
@@ -183,7 +184,7 @@ def finish_part(part: FinishPart, schema: Any) -> int:
                 jsonl.write(memoryview(taken.buffers()[2])[where[0] : where[-1]])
             del spooled, data, taken
             for stem in stems:
-                with pa.OSFile(str(Path(stem).with_suffix(".ipc"))) as ipc:
+                with pa.memory_map(str(Path(stem).with_suffix(".ipc"))) as ipc:
                     tables.append(pa.ipc.open_file(ipc).read_all())
             table = pa.concat_tables(tables).combine_chunks()
             del tables

@@ -162,6 +162,7 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
             elif task[0] == "close":
                 replies.put(("closed", k, spools.close()))
                 go.get()
+                _trim()
             elif task[0] == "finish":
                 replies.put(("finished", k, finish_part(task[1], schema)))
             elif task[0] == "stop":
@@ -175,13 +176,23 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
 def _fixed_mmap_threshold() -> None:
     """glibc: blocks of 128 KiB and more from mmap, always. Its default raises that threshold to the largest block
     freed so far, after which a bucket's buffers come from the heap and what they leave behind is not given back."""
+    _glibc("mallopt", -3, 128 * 1024)  # M_MMAP_THRESHOLD
+
+
+def _trim() -> None:
+    """glibc: give the heap's free memory back (what the segments' many small buffers left behind) before the
+    finish takes its buckets."""
+    _glibc("malloc_trim", 0)
+
+
+def _glibc(function: str, *args: int) -> None:
+    """Call a glibc allocator function; elsewhere (not glibc) the allocator keeps its own policy."""
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: its allocator's own policy
+        getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), function)(*args)
+    except (OSError, AttributeError):
         pass
 
 
