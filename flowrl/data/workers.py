@@ -165,6 +165,7 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
                 _trim()
             elif task[0] == "finish":
                 replies.put(("finished", k, finish_part(task[1], schema)))
+                _trim()
             elif task[0] == "stop":
                 replies.put(("stopped", k, _peak_mib()))
                 return
