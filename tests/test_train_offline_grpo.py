@@ -218,3 +218,58 @@ def test_the_flowrl_grpo_offline_dataset_trains(tmp_path: Path) -> None:
     assert result.global_step == 2
     assert result.info["offline_groups"]["used"] >= 1
     assert result.last_metrics["reward_std"] > 0
+
+
+def test_too_few_groups_for_the_generation_batch_is_refused_before_training(tmp_path: Path) -> None:
+    """The GPU profile's batch 8 x accumulation 4 with groups of 4 needs 8 groups per generation batch: with
+    fewer, TRL's sampler yields no batch and no step runs (seen on an H100 with the 3 groups of the example
+    agent's captured runs). flowrl says so before TRL loads the model, with the numbers and the fix."""
+    from helpers_tiny_train import build_tiny_model
+
+    from flowrl.data import DatasetPipeline, GRPODatasetBuilder
+    from flowrl.data.synthetic import synthetic_trace
+    from flowrl.train import TrainingConfig, TrainingPipeline
+    from flowrl.train.hardware import HardwareInfo
+
+    traces = [synthetic_trace(i, n_tasks=4) for i in range(16)]
+    DatasetPipeline(GRPODatasetBuilder(offline=True), val_fraction=0.0).build(traces, tmp_path / "ds")
+    model = build_tiny_model(tmp_path / "tiny")
+    cfg = TrainingConfig(
+        method="grpo-offline",
+        dataset=tmp_path / "ds",
+        base_model=str(model),
+        output_dir=tmp_path / "out",
+        max_steps=2,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=4,
+        progress_bar=False,
+    )
+    with pytest.raises(ConfigError, match=r"groups, but one generation batch of 32 completions .* lower --grad-accum"):
+        TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu")).run()
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any training
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch", "world", "accumulation", "generations", "refused"),
+    [
+        (3, 8, 1, 4, 4, True),  # 32 completions = 8 groups of 4 > 3
+        (3, 8, 1, 1, 4, False),  # 8 completions = 2 groups: fits (what ran on the H100)
+        (8, 8, 1, 4, 4, False),
+        (7, 8, 1, 4, 8, False),  # online GRPO: 32 completions = 4 prompts of 8
+        (3, 8, 1, 4, 8, True),
+        (3, 4, 2, 2, 4, True),  # 2 processes: 16 completions = 4 groups
+    ],
+)
+def test_generation_batch_check(
+    rows: int, batch: int, world: int, accumulation: int, generations: int, refused: bool
+) -> None:
+    from flowrl.train.trainers import check_grpo_batch_fits
+
+    args = SimpleNamespace(generation_batch_size=batch * world * accumulation, num_generations=generations)
+    settings = SimpleNamespace(per_device_train_batch_size=batch, world_size=world)
+    train = list(range(rows))
+    if refused:
+        with pytest.raises(ConfigError, match=f"takes {batch * world * accumulation // generations} "):
+            check_grpo_batch_fits(args, train, settings, offline=True, source="ds")  # type: ignore[arg-type]
+    else:
+        check_grpo_batch_fits(args, train, settings, offline=True, source="ds")  # type: ignore[arg-type]

@@ -369,6 +369,8 @@ def build_trl_trainer(
         args = _kto_args(config, settings, output_dir, data, info)
     else:  # plain-text SFT or DPO rows: TRL tokenizes them
         args = trl_config(config, settings, output_dir)
+    if _is_grpo(method):
+        check_grpo_batch_fits(args, train, settings, offline=encoding == "grpo-offline", source=data.source)
     given = len(train)
     kwargs.update(args=args, train_dataset=train)
     with warnings.catch_warnings():
@@ -377,6 +379,33 @@ def build_trl_trainer(
         trainer = trainer_cls(**kwargs)
     info["rows_trained"] = _rows_after_trl(trainer, given, info)
     return trainer, info
+
+
+def check_grpo_batch_fits(args: Any, train: Any, settings: RunSettings, *, offline: bool, source: Any) -> None:
+    """Refuse, before TRL loads the model, a GRPO run whose data cannot fill one generation batch.
+
+    TRL's sampler takes `generation_batch_size / num_generations` distinct prompts (offline: logged groups) per
+    generation batch and drops an incomplete one, so with fewer prompts than that no step runs at all. The GPU
+    profile's batch 8 x accumulation 4 with groups of 4 needs 8 of them: the 3 groups that the example agent's
+    captured runs make trained nothing on one GPU, and said so only after loading the model, with a generic
+    message (`flowrl train` on an H100)."""
+    try:
+        n = len(train)
+    except TypeError:  # an iterable dataset: its length is not known ahead
+        return
+    per_generation = int(args.generation_batch_size)
+    generations = int(args.num_generations)
+    needed = per_generation // generations
+    if n >= needed:
+        return
+    unit = "groups" if offline else "prompts"
+    raise ConfigError(
+        f"{source}: {n} {unit}, but one generation batch of {per_generation} completions (batch "
+        f"{settings.per_device_train_batch_size} x {settings.world_size} processes x "
+        f"{per_generation // (settings.per_device_train_batch_size * settings.world_size)} steps per generation) "
+        f"takes {needed} {unit} of {generations} completions, so no step could run: lower --grad-accum or "
+        f"--batch-size (at most {n * generations} completions per generation batch), or use more {unit}"
+    )
 
 
 def _rows_after_trl(trainer: Any, given: int, info: dict[str, Any]) -> int:
