@@ -121,7 +121,6 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
     rules out without a conversation. `columns`: read besides the scalar ones, for the rows to be made from
     (`flowrl.data.columnar_kto`)."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     side: set[str] | None = None
@@ -134,9 +133,11 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
             continue
         table = batch.select(SCALARS)
         slow = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
-        if side:
-            slow = pc.or_(slow, pc.is_in(table.column("trace_id"), pa.array(list(side), pa.string())))
-        slow_at = np.flatnonzero(slow.to_numpy(zero_copy_only=False)).tolist()
+        slow = slow.to_numpy(zero_copy_only=False)
+        if side:  # a set lookup per row: a scored store's side records may name every trace
+            ids = table.column("trace_id").to_pylist()
+            slow = slow | np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids))
+        slow_at = np.flatnonzero(slow).tolist()
         cols: dict[str, list[Any]] | None = None
         start = 0
         for at in [*slow_at, table.num_rows]:
