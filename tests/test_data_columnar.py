@@ -105,6 +105,16 @@ def test_the_columnar_build_is_the_row_by_row_build(
     )
 
 
+def test_the_progress_total_of_a_segment_store_is_its_listing(tmp_path: Path) -> None:
+    store = _store(tmp_path / "store")
+    totals: set[int | None] = set()
+    DatasetPipeline(make_builder("kto")).build(
+        store, tmp_path / "out", on_progress=lambda stage, _done, total: stage == "read" and totals.add(total)
+    )
+    assert store.count_paths() == len(list(store.iter_paths())) == 242
+    assert totals == {242}
+
+
 def test_labels_given_after_writing_reach_the_columnar_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _store(tmp_path / "store")
     result = _build(store, tmp_path / "out", row_by_row=False, monkeypatch=monkeypatch)

@@ -126,7 +126,8 @@ class _Source:
 
     def total(self) -> int:
         if self.store is not None:
-            return sum(1 for _ in self.store.iter_paths(self.flt))
+            count = getattr(self.store, "count_paths", None)  # a segment store counts a segment at a time
+            return count(self.flt) if count else sum(1 for _ in self.store.iter_paths(self.flt))
         return len(self.traces or [])
 
     def scan(self) -> Iterator[tuple[Any, ExecutionTrace, Conversation | None]]:

@@ -331,6 +331,11 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         for ref in self._listing(None if flt is None else _days_only(flt), self._begin()):
             yield self._catalog.ref_text(ref)
 
+    def count_paths(self, flt: TraceFilter | None = None) -> int:
+        """How many paths `iter_paths(flt)` gives, without making them (a segment's rows counted at once)."""
+        hits = self._winners(None if flt is None else _days_only(flt), self._begin())
+        return sum(1 if isinstance(hit, Ref) else len(hit.rows) for hit in hits)
+
     def iter_traces(self, flt: TraceFilter | None = None, **filters: Any) -> Iterator[ExecutionTrace]:
         """Stream stored traces, oldest day first, side records merged. Filters on the segment columns are
         applied before a row group's traces are decoded; what cannot be read is skipped and recorded."""
