@@ -194,8 +194,8 @@ def test_nothing_usable_is_a_clear_error() -> None:
         OfflineGroups([{"prompt": "p", "completions": ["a", "b"]}], 2)
 
 
-def test_the_flowrl_grpo_offline_dataset_trains(tmp_path: Path) -> None:
-    """A dataset from flowrl's own builder (synthetic tool-calling traces) replays through TRL."""
+def _offline_pipeline(tmp_path: Path, **settings: Any) -> Any:
+    """Training on an offline GRPO set from flowrl's own builder (synthetic tool-calling traces), tiny model, CPU."""
     from helpers_tiny_train import build_tiny_model
 
     from flowrl.data import DatasetPipeline, GRPODatasetBuilder
@@ -213,8 +213,14 @@ def test_the_flowrl_grpo_offline_dataset_trains(tmp_path: Path) -> None:
         output_dir=tmp_path / "out",
         max_steps=2,
         progress_bar=False,
+        **settings,
     )
-    result = TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu")).run()
+    return TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu"))
+
+
+def test_the_flowrl_grpo_offline_dataset_trains(tmp_path: Path) -> None:
+    """A dataset from flowrl's own builder (synthetic tool-calling traces) replays through TRL."""
+    result = _offline_pipeline(tmp_path).run()
     assert result.global_step == 2
     assert result.info["offline_groups"]["used"] >= 1
     assert result.last_metrics["reward_std"] > 0
@@ -224,28 +230,9 @@ def test_too_few_groups_for_the_generation_batch_is_refused_before_training(tmp_
     """The GPU profile's batch 8 x accumulation 4 with groups of 4 needs 8 groups per generation batch: with
     fewer, TRL's sampler yields no batch and no step runs (seen on an H100 with the 3 groups of the example
     agent's captured runs). flowrl says so before TRL loads the model, with the numbers and the fix."""
-    from helpers_tiny_train import build_tiny_model
-
-    from flowrl.data import DatasetPipeline, GRPODatasetBuilder
-    from flowrl.data.synthetic import synthetic_trace
-    from flowrl.train import TrainingConfig, TrainingPipeline
-    from flowrl.train.hardware import HardwareInfo
-
-    traces = [synthetic_trace(i, n_tasks=4) for i in range(16)]
-    DatasetPipeline(GRPODatasetBuilder(offline=True), val_fraction=0.0).build(traces, tmp_path / "ds")
-    model = build_tiny_model(tmp_path / "tiny")
-    cfg = TrainingConfig(
-        method="grpo-offline",
-        dataset=tmp_path / "ds",
-        base_model=str(model),
-        output_dir=tmp_path / "out",
-        max_steps=2,
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=4,
-        progress_bar=False,
-    )
+    pipeline = _offline_pipeline(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=4)
     with pytest.raises(ConfigError, match=r"groups, but one generation batch of 32 completions .* lower --grad-accum"):
-        TrainingPipeline(cfg, hardware=HardwareInfo(accelerator="cpu")).run()
+        pipeline.run()
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any training
 
 

@@ -132,21 +132,25 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
                 yield ref, None, None
             continue
         table = batch.select(SCALARS)
-        slow = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
-        slow = slow.to_numpy(zero_copy_only=False)
+        # read whole: no chat derived (all its columns null), or captured token ids (they are in the trace)
+        whole = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
+        whole = whole.to_numpy(zero_copy_only=False)
+        slow = whole
         if side:  # a set lookup per row: a scored store's side records may name every trace
             ids = table.column("trace_id").to_pylist()
-            slow = slow | np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids))
-        slow_at = np.flatnonzero(slow).tolist()
+            slow = whole | np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids))
         cols: dict[str, list[Any]] | None = None
         start = 0
-        for at in [*slow_at, table.num_rows]:
+        for at in [*np.flatnonzero(slow).tolist(), table.num_rows]:
             if at > start:
                 yield _decided(batch, table, start, at)
             if at == table.num_rows:
                 break
-            cols = cols or batch.lists(SCALARS)
-            yield _row(store, flt, batch, cols, at, side)
+            if whole[at]:
+                yield batch.refs[at], None, None
+            else:
+                cols = cols or {name: table.column(name).to_pylist() for name in SCALARS}
+                yield _row(store, flt, batch, cols, at, side)
             start = at + 1
 
 
@@ -164,8 +168,6 @@ def _row(
     store: Any, flt: Any, batch: ColumnRows, cols: dict[str, list[Any]], i: int, side: set[str]
 ) -> tuple[str, RowView | None, SegmentRow | None]:
     ref = batch.refs[i]
-    if cols["conv_steps"][i] is None or cols["llm_calls"][i]:  # no chat derived (all its columns null)
-        return ref, None, None
     view = _view(store, cols, i, side)
     if view is None:
         return ref, None, None

@@ -614,12 +614,14 @@ def _save(out: Path, arrows: dict[str, list[Path]], features: Any, parquet: bool
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
         names = [f"data-{i:05d}-of-{len(paths):05d}.arrow" for i in range(len(paths))]
+        stats = []  # what identifies these files, as datasets' own fingerprint does
         for path, name in zip(paths, names, strict=True):
             os.replace(path, folder / name)
-        stats = [(name, os.stat(folder / name).st_size, os.stat(folder / name).st_mtime_ns) for name in names]
+            st = os.stat(folder / name)
+            stats.append((name, st.st_size, st.st_mtime_ns))
         state = {
             "_data_files": [{"filename": name} for name in names],
-            "_fingerprint": Hasher.hash([str(folder), stats]),  # what identifies these files, as datasets' own does
+            "_fingerprint": Hasher.hash([str(folder), stats]),
             "_format_columns": None,
             "_format_kwargs": {},
             "_format_type": None,

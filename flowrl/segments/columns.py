@@ -35,11 +35,6 @@ class ColumnRows:
             self._refs = self.made()
         return self._refs
 
-    def lists(self, names: list[str]) -> dict[str, list[Any]]:
-        """The listed rows' values of `names` as Python lists, in the refs' order."""
-        table = self.select(names)
-        return {name: table.column(name).to_pylist() for name in names}
-
     def select(self, names: list[str]) -> Any:
         """The listed rows' `names` columns (an Arrow table), in the refs' order."""
         assert self.table is not None and self.index is not None
