@@ -21,8 +21,6 @@ class Pending:
     """The traces of one segment (`batch`, its `ColumnRows`) that get rows, in listing order: per trace, its row in
     the segment's table and what the pipeline decided for it (a list per field, not an object per trace)."""
 
-    FIELDS = ("rows", "first", "label", "source", "split", "group_id", "trace_id", "reward")
-
     def __init__(self, batch: Any = None) -> None:
         self.batch = batch
         self.rows: list[int] = []

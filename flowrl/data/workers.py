@@ -181,8 +181,8 @@ def _fixed_mmap_threshold() -> None:
 
 
 def _trim() -> None:
-    """glibc: give the heap's free memory back (what the segments' many small buffers left behind) before the
-    finish takes its buckets."""
+    """glibc: give the heap's free memory back (what the segments' many small buffers, or a finished part, left
+    behind) before the next part of the finish takes its buckets."""
     _glibc("malloc_trim", 0)
 
 
