@@ -75,10 +75,20 @@ def test_layout_is_date_partitioned_parquet_named_by_writer(tmp_path: Path) -> N
     assert not list((tmp_path / ".staging").iterdir())  # nothing left staged
 
 
+def test_a_default_segment_is_one_row_group(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    with SegmentStore(tmp_path, writer_id="w") as store:  # flushes every FLUSH_ROWS (1,000) traces
+        store.write_many([_trace(i) for i in range(1000)])
+    (path,) = (tmp_path / "segments").rglob("*.parquet")
+    meta = pq.ParquetFile(path).metadata
+    assert (meta.num_rows, meta.num_row_groups) == (1000, 1)  # each group costs every column read its chunks
+
+
 def test_filters_are_pushed_down_to_columns_and_partitions() -> None:
     spec = _memory_url()
     with SegmentStore(spec, writer_id="w") as store:
-        store.write_many([_trace(i, agent="alpha", day=1) for i in range(300)])  # 3 row groups
+        store.write_many([_trace(i, agent="alpha", day=1) for i in range(300)])  # one row group
         store.flush()
         store.write_many([_trace(1000 + i, agent="beta", day=1) for i in range(300)])
         store.flush()
@@ -88,7 +98,7 @@ def test_filters_are_pushed_down_to_columns_and_partitions() -> None:
     before = reader.scan_stats.row_groups_read
     got = list(reader.iter_traces(agent="alpha"))
     assert len(got) == 300 and {t.agent_name for t in got} == {"alpha"}
-    assert reader.scan_stats.row_groups_read - before == 3  # only alpha's segment's groups were decoded
+    assert reader.scan_stats.row_groups_read - before == 1  # only alpha's segment's group was decoded
     opened = reader.scan_stats.segments_opened
     assert len(list(reader.iter_traces(agent="beta", since="2026-03-02"))) == 10
     assert reader.scan_stats.segments_opened == opened  # the index was read once; no segment reopened

@@ -35,7 +35,7 @@ Skip = Callable[[str, str], None]
 Keep = Callable[[Segment, str], list[bool] | None]
 _SEGMENT_REF = re.compile(r"^(?P<location>.*\.parquet)#(?P<row>\d+)$")
 _OPEN_SEGMENTS = 8
-_DECODED_GROUPS = 16
+_DECODED_GROUPS = 4  # a group is up to `ROW_GROUP_ROWS` traces' JSON
 
 
 @dataclass(frozen=True, order=True)

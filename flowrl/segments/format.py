@@ -27,8 +27,10 @@ from flowrl.segments.derived import derive
 FORMAT_KEY = b"flowrl.format"
 FORMAT = b"segment-v2"
 FORMATS = (b"segment-v1", FORMAT)
-ROW_GROUP_ROWS = 128
-"""Rows per row group: a filtered listing decodes the `trace` column only of the groups holding a match."""
+ROW_GROUP_ROWS = 1024
+"""Rows per row group: a filtered listing decodes the `trace` column only of the groups holding a match. A
+segment of the default 1,000 rows is one group: each column chunk costs a decompression context and a page
+header, so 128-row groups made a build's column reads 3x slower and the file 1.8x larger (measured)."""
 
 SCALARS: dict[str, str] = {
     "trace_id": "string",
