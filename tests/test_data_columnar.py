@@ -216,3 +216,20 @@ def test_a_worker_that_fails_stops_the_build_with_its_error(tmp_path: Path) -> N
             pool.spooled()
     finally:
         pool.terminate(wait=False)
+
+
+def test_workers_start_asking_glibc_for_huge_pages_and_the_environment_is_put_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from flowrl.data.workers import _huge_pages
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    with _huge_pages():  # what a worker started here inherits
+        assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert "GLIBC_TUNABLES" not in os.environ
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    with _huge_pages():
+        assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"

@@ -45,3 +45,27 @@ def test_buckets_drawn_at_once_are_those_drawn_one_by_one(monkeypatch: pytest.Mo
         one, many = Shuffle(3, shuffle), Shuffle(3, shuffle)
         assert [one.bucket() for _ in range(40)] == many.take(15).tolist() + many.take(25).tolist()
     assert ordered(30, False, 0) == list(range(30))
+
+
+def test_rows_made_with_arrow_spool_no_lines_and_mix_with_rows_added_one_by_one(tmp_path: Path) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    sink = DiskSink(tmp_path / "tmp", _features(), shuffle={"train"}, seed=5)
+    rows = [{"n": n, "text": f'say "{n}"' if n % 3 else None} for n in range(300)]
+    for start in range(0, 300, 50):  # one by one, then as Arrow batches, in turn
+        part = rows[start : start + 50]
+        if start % 100:
+            sink.add_batch(np.array(["train"] * 50), pa.Table.from_pylist(part, schema=sink.features.arrow_schema))
+        else:
+            for row in part:
+                sink.add("train", row)
+    parts, _arrows = sink.plan(tmp_path / "out", processes=2)
+    spooled = sum(p.stat().st_size for p in (tmp_path / "tmp" / "spools").glob("*.spool"))
+    assert spooled == sum(
+        len(json.dumps(r, separators=(",", ":"))) + 1 for r in rows[:50] + rows[100:150] + rows[200:250]
+    )
+    for part in parts:
+        finish_part(part, sink.features.arrow_schema)
+    lines = (tmp_path / "out" / "data" / "train.jsonl").read_text().splitlines()
+    assert sorted(lines) == sorted(json.dumps(r, separators=(",", ":")) for r in rows)  # shuffled, every byte

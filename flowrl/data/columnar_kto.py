@@ -4,17 +4,15 @@ build fast (`flowrl.data.columnar`).
 The pipeline decides per trace, from its scalar columns, what the row-by-row build decides (filters, dedupe,
 label, group, split) and hands over the traces of one segment that get rows (`Pending`). This module expands
 them into one row per assistant step without a Python object per row: the prompt of a row is a slice of the
-segment's `conv_messages` values (`take` over index ranges), its JSON line is joined from the messages' JSON
-text and each trace's fixed pieces (`binary_join_element_wise`). Rows and lines are those of
-`KTODatasetBuilder.trace_rows` written by `DiskSink.add`, byte for byte (tests/test_data_columnar.py).
+segment's `conv_messages` values (`take` over index ranges); its JSON line is made from that Arrow row when it
+is written (`flowrl.data.arrow_json`). Rows and lines are those of `KTODatasetBuilder.trace_rows` written by
+`DiskSink.add`, byte for byte (tests/test_data_columnar.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 
 class Pending:
@@ -114,9 +112,9 @@ def plan(table: Any, pending: Pending, max_chars: int | None) -> Plan:
     return Plan(rows, parent, step, index, split, labels[parent], traces, dropped, int(np.unique(parent).size))
 
 
-def materialize(table: Any, plan: Plan, schema: Any) -> tuple[Any, Any]:
-    """The planned rows as an Arrow table in `schema` and their JSON lines (newlines included), from the segment's
-    `table` (`conv_messages`, `conv_tools`, one chunk each)."""
+def materialize(table: Any, plan: Plan, schema: Any) -> Any:
+    """The planned rows as an Arrow table in `schema` (their JSON lines are made when they are written:
+    `flowrl.data.arrow_json`), from the segment's `table` (`conv_messages`, `conv_tools`, one chunk each)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -127,65 +125,29 @@ def materialize(table: Any, plan: Plan, schema: Any) -> tuple[Any, Any]:
     prompt_off = np.concatenate([[0], np.cumsum(index)])
     gather = np.repeat(start - prompt_off[:-1], index) + np.arange(prompt_off[-1])
     texts = messages.values
-    prompt_texts = texts.take(pa.array(gather))
-    completion_texts = texts.take(pa.array(start + index))
-    offsets = pa.array(prompt_off, pa.int32())
     n = len(parent)
     take = pa.array(parent)
 
     tools = table.column("conv_tools").chunk(0).take(pa.array(plan.rows))
     tools_json = pc.if_else(pc.equal(tools, "null"), pa.scalar(None, pa.string()), tools)
-    step = pa.array(plan.step, pa.int32())
     columns = {
-        "prompt": pa.ListArray.from_arrays(offsets, _json(prompt_texts)),
-        "completion": pa.ListArray.from_arrays(pa.array(np.arange(n + 1), pa.int32()), _json(completion_texts)),
+        "prompt": pa.ListArray.from_arrays(pa.array(prompt_off, pa.int32()), _json(texts.take(pa.array(gather)))),
+        "completion": pa.ListArray.from_arrays(
+            pa.array(np.arange(n + 1), pa.int32()), _json(texts.take(pa.array(start + index)))
+        ),
         "label": pa.array(plan.label),
         "tools": _json(tools_json.take(take)),
         "trace_id": pa.array(traces["trace_id"], pa.string()).take(take),
         "group_id": pa.array(traces["group_id"], pa.string()).take(take),
-        "step": step,
+        "step": pa.array(plan.step, pa.int32()),
         "reward": pa.array(traces["reward"], pa.float64()).take(take),
         "label_source": pa.array(traces["source"], pa.string()).take(take),
         "captured": pa.nulls(n, pa.json_()),
     }
-    out = pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
-
-    # the JSON line: '{"prompt":[' prompt '],"completion":[' completion mid step end
-    mid = pc.binary_join_element_wise(
-        pa.array([f'],"label":{"true" if label else "false"},"tools":' for label in traces["label"]]),
-        tools,
-        pa.array(
-            [
-                f',"trace_id":{_text(t)},"group_id":{_text(g)},"step":'
-                for t, g in zip(traces["trace_id"], traces["group_id"], strict=True)
-            ]
-        ),
-        "",
-    )
-    end = pa.array(
-        [
-            f',"reward":{_text(r)},"label_source":{_text(s)},"captured":null}}\n'
-            for r, s in zip(traces["reward"], traces["source"], strict=True)
-        ]
-    )
-    lines = pc.binary_join_element_wise(
-        '{"prompt":[',
-        pc.binary_join(pa.ListArray.from_arrays(offsets, prompt_texts), ","),
-        '],"completion":[',
-        completion_texts,
-        mid.take(take),
-        pc.cast(step, pa.string()),
-        end.take(take),
-        "",
-    )
-    return out, lines
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 
 def _json(storage: Any) -> Any:
     import pyarrow as pa
 
     return pa.ExtensionArray.from_storage(pa.json_(), storage)
-
-
-def _text(value: Any) -> str:
-    return orjson.dumps(value).decode()

@@ -488,7 +488,7 @@ class DatasetPipeline:
             names, keys, seq = sink.assign(made.split)
             self._pool_now.submit(SegmentTask(run.batch.path, run.batch.location, made, names, keys, seq))
         else:
-            sink.add_batch(made.split, *materialize(run.batch.table, made, sink.features.arrow_schema))
+            sink.add_batch(made.split, materialize(run.batch.table, made, sink.features.arrow_schema))
         for split in dict.fromkeys(made.split.tolist()):  # in the order the rows come
             labels = made.label[made.split == split]
             self.stats.rows[split] += len(labels)

@@ -11,13 +11,21 @@ the finish is shared out by buckets.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.data.spools import BUCKETS, ORDERED_BUCKET, SPAN, FinishPart, SpoolSet, finish_part, permutation
+from flowrl.data.spools import (
+    BUCKETS,
+    ORDERED_BUCKET,
+    SPAN,
+    FinishPart,
+    SpoolSet,
+    finish_part,
+    lines_size,
+    permutation,
+)
 
 __all__ = ["BUCKETS", "DiskSink", "MemorySink", "Shuffle", "ordered"]
 
@@ -151,11 +159,11 @@ class DiskSink:
         self._seq += len(splits)
         return names, keys, seq
 
-    def add_batch(self, splits: Any, table: Any, lines: Any) -> None:
-        """Rows made with Arrow (`flowrl.data.columnar_kto`): `table` in the features' schema, each row's JSON line
-        (a string array, newlines included) and split (numpy), spooled as `add` would spool them one by one."""
+    def add_batch(self, splits: Any, table: Any) -> None:
+        """Rows made with Arrow (`flowrl.data.columnar_kto`): `table` in the features' schema and each row's split
+        (numpy), spooled as `add` would spool them one by one."""
         names, keys, seq = self.assign(splits)
-        self.own.add_batch(names, keys, seq, table, lines)
+        self.own.add_batch(names, keys, seq, table)
 
     def counts(self) -> dict[str, int]:
         return {k: self._counts[k] for k in self._orders if self._counts[k]}
@@ -173,7 +181,7 @@ class DiskSink:
         arrows: dict[str, list[Path]] = {}
         for split in self.counts():
             buckets = sorted((b, stems[s, b]) for s, b in stems if s == split)
-            sizes = [sum(os.path.getsize(Path(stem).with_suffix(".spool")) for stem in group) for _b, group in buckets]
+            sizes = [sum(lines_size(Path(stem)) for stem in group) for _b, group in buckets]
             jsonl = data / f"{split}.jsonl"
             with open(jsonl, "wb") as fh:
                 fh.truncate(sum(sizes))

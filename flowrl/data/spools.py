@@ -1,11 +1,13 @@
 """Spool files of a dataset build: the rows of one split and shuffle bucket, as written by one process, and the
 step that turns a bucket's spools into the split's final JSONL and Arrow files.
 
-A spool is three files beside each other: `{stem}.spool` (the rows' JSON lines), `{stem}.ipc` (the rows as Arrow
-batches in the features' schema) and, once closed, `{stem}.idx` (where each line starts, and each row's sequence
-number: its place among the split's rows as they were made). Several processes may spool rows of one bucket
-(`flowrl.data.workers`); `finish_part` puts a bucket's rows back in their sequence order, permutes them with the
-bucket's seeded permutation (`permutation`), and writes them: the same bytes whichever process spooled which row.
+A spool is three files beside each other: `{stem}.spool` (the JSON lines of rows added one by one), `{stem}.ipc`
+(the rows as Arrow batches in the features' schema) and, once closed, `{stem}.idx` (where each row's line starts,
+and each row's sequence number: its place among the split's rows as they were made). A row made with Arrow has an
+empty line in the `.spool`: its line is made from its Arrow row when it is written (`flowrl.data.arrow_json`), so
+its text is spooled once. Several processes may spool rows of one bucket (`flowrl.data.workers`); `finish_part`
+puts a bucket's rows back in their sequence order, permutes them with the bucket's seeded permutation
+(`permutation`), and writes them: the same bytes whichever process spooled which row.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Spool:
         self.offsets = array("q")
         self.seq = array("q")
         self.pos = 0
+        self.made = 0  # bytes of the lines of rows made with Arrow, once made
         self._pending = 0  # rows added one by one, not yet written as a batch
         self._closed = False
 
@@ -69,18 +72,14 @@ class Spool:
         if self._pending >= SPOOL_BATCH:
             self._spill()
 
-    def add_batch(self, table: Any, lines: Any, seq: Any) -> None:
-        """Rows made with Arrow: `table` in the schema, their JSON lines (a string array, newlines included) and
-        their sequence numbers (numpy)."""
-        import numpy as np
-
+    def add_batch(self, table: Any, seq: Any, made: int) -> None:
+        """Rows made with Arrow: `table` in the schema, their sequence numbers (numpy) and the bytes of
+        their lines (`arrow_json.sizes`); their lines are empty here."""
         if self._pending:
             self._spill()
-        where = _offsets(lines, np.int32)  # of the rows' text in the data buffer
-        self.offsets.extend((where[:-1] - where[0] + self.pos).tolist())
+        self.offsets.extend([self.pos] * len(seq))
         self.seq.extend(seq.tolist())
-        self._lines.write(memoryview(lines.buffers()[2])[where[0] : where[-1]])
-        self.pos += int(where[-1] - where[0])
+        self.made += made
         self._ipc.write_table(table)  # at once: a slice kept for later would keep its whole segment's rows
 
     def _spill(self) -> None:
@@ -102,7 +101,8 @@ class Spool:
         self._lines.close()
         self.offsets.append(self.pos)
         with open(self.stem.with_suffix(".idx"), "wb") as idx:
-            idx.write(len(self.seq).to_bytes(8, "little") + self.offsets.tobytes() + self.seq.tobytes())
+            head = len(self.seq).to_bytes(8, "little") + self.made.to_bytes(8, "little")
+            idx.write(head + self.offsets.tobytes() + self.seq.tobytes())
         self.offsets, self.seq = array("q"), array("q")  # in the file now: a finish reads them from there
 
 
@@ -121,17 +121,20 @@ class SpoolSet:
             spool = self.spools[split, bucket] = Spool(stem, self.schema, self.features)
         return spool
 
-    def add_batch(self, names: list[str], keys: Any, seq: Any, table: Any, lines: Any) -> None:
-        """Rows made with Arrow, each with its key (`names` index * SPAN + bucket) and sequence number: one
-        `take` puts them in key order, each spool gets a slice."""
+    def add_batch(self, names: list[str], keys: Any, seq: Any, table: Any) -> None:
+        """Rows made with Arrow, each with its key (`names` index * SPAN + bucket) and sequence
+        number: one `take` puts them in key order, each spool gets a slice."""
         import numpy as np
 
+        from flowrl.data.arrow_json import sizes
+
         perm = np.argsort(keys, kind="stable")
-        table, lines, keys, seq = table.take(perm), lines.take(perm), keys[perm], seq[perm]
+        table, keys, seq = table.take(perm), keys[perm], seq[perm]
+        made = np.concatenate([[0], np.cumsum(sizes(table, self.schema))])
         cuts = np.flatnonzero(np.diff(keys)) + 1
         for begin, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(perm)], strict=True):
             spool = self.spool(names[keys[begin] // SPAN], int(keys[begin] % SPAN))
-            spool.add_batch(table.slice(begin, end - begin), lines.slice(begin, end - begin), seq[begin:end])
+            spool.add_batch(table.slice(begin, end - begin), seq[begin:end], int(made[end] - made[begin]))
 
     def close(self) -> dict[tuple[str, int], str]:
         """Close every spool; their stems by (split, bucket)."""
@@ -162,58 +165,110 @@ def finish_part(part: FinishPart, schema: Any) -> int:
     with open(part.jsonl, "r+b") as jsonl, pa.ipc.new_stream(part.arrow, schema) as writer:
         jsonl.seek(part.offset)
         for bucket, stems in part.buckets:
-            seqs, starts, tables = [], [], []
-            data = bytearray(sum(Path(stem).with_suffix(".spool").stat().st_size for stem in stems))
-            size = 0
-            for stem in stems:  # the lines of every spool of the bucket, read into one buffer
-                offsets, seq = _index(Path(stem))
-                seqs.append(seq)
-                starts.append(offsets[:-1] + size)
-                with open(Path(stem).with_suffix(".spool"), "rb") as fh:
-                    size += fh.readinto(memoryview(data)[size:])
-            seq = np.concatenate(seqs)
-            order = np.argsort(seq, kind="stable")[permutation(part.seed, part.shuffle, bucket, len(seq))]
-            starts.append(np.array([size], dtype=np.int64))
-            spooled = pa.LargeBinaryArray.from_buffers(
-                pa.large_binary(), len(seq), [None, pa.py_buffer(np.concatenate(starts)), pa.py_buffer(data)]
-            )
-            chunks = [pa.array(order[i : i + FINISH_CHUNK]) for i in range(0, len(order), FINISH_CHUNK)]
-            for chunk in chunks:  # taken a chunk at a time: memory is the bucket once, not twice
-                taken = spooled.take(chunk)
-                where = _offsets(taken, np.int64)
-                jsonl.write(memoryview(taken.buffers()[2])[where[0] : where[-1]])
-            del spooled, data, taken
-            for stem in stems:
-                with pa.memory_map(str(Path(stem).with_suffix(".ipc"))) as ipc:
-                    tables.append(pa.ipc.open_file(ipc).read_all())
-            table = pa.concat_tables(tables).combine_chunks()
-            del tables
-            for chunk in chunks:
-                writer.write_table(table.take(chunk), max_chunksize=WRITE_BATCH)
-            done += table.num_rows
-            del table
+            spooled, table = _read_bucket([Path(stem) for stem in stems])
+            order = np.argsort(spooled.seq, kind="stable")[permutation(part.seed, part.shuffle, bucket, len(spooled))]
+            written = 0
+            for i in range(0, len(order), FINISH_CHUNK):  # a chunk at a time: the bucket is held once, not twice
+                chunk = pa.array(order[i : i + FINISH_CHUNK])
+                taken = table.take(chunk)
+                lines = spooled.lines(taken, chunk, schema)
+                where = _offsets(lines)
+                written += jsonl.write(memoryview(lines.buffers()[2])[where[0] : where[-1]])
+                writer.write_table(taken, max_chunksize=WRITE_BATCH)
+            if written != spooled.size:  # the next bucket's lines start where this one's were planned to end
+                raise RuntimeError(f"{part.jsonl}: bucket {bucket} made {written} bytes of lines, not {spooled.size}")
+            done += len(spooled)
+            del spooled, table
             for stem in stems:
                 for suffix in (".spool", ".ipc", ".idx"):
                     Path(stem).with_suffix(suffix).unlink(missing_ok=True)
     return done
 
 
-def _index(stem: Path) -> tuple[Any, Any]:
-    """A closed spool's line offsets (one more than rows: the end) and sequence numbers."""
+class _Spooled:
+    """A bucket's spooled lines (rows added one by one) and index, its spools one after another."""
+
+    def __init__(self, stems: list[Path]) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        seqs, starts, made = [], [], 0
+        data = bytearray(sum(stem.with_suffix(".spool").stat().st_size for stem in stems))
+        size = 0
+        for stem in stems:  # the lines of every spool of the bucket, read into one buffer
+            offsets, seq, spool_made = _index(stem)
+            seqs.append(seq)
+            starts.append(offsets[:-1] + size)
+            made += spool_made
+            with open(stem.with_suffix(".spool"), "rb") as fh:
+                size += fh.readinto(memoryview(data)[size:])
+        self.seq = np.concatenate(seqs)
+        starts.append(np.array([size], dtype=np.int64))
+        offsets = np.concatenate(starts)
+        self.made = np.diff(offsets) == 0  # rows made with Arrow: their lines are made from their Arrow rows
+        self.size = size + made  # bytes of the bucket's lines
+        self.spooled = None
+        if size:
+            buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+            self.spooled = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(self.seq), buffers)
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def lines(self, taken: Any, chunk: Any, schema: Any) -> Any:
+        """The lines of the rows `chunk` (`taken`, their Arrow rows): spooled, or made (`arrow_json.lines`)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from flowrl.data.arrow_json import lines
+
+        made = self.made[chunk.to_numpy()]
+        if self.spooled is None or made.all():
+            return lines(taken, schema)
+        spooled = self.spooled.take(chunk)
+        if not made.any():
+            return spooled
+        return pc.if_else(pa.array(made), pc.cast(lines(taken, schema), pa.large_binary()), spooled)
+
+
+def _read_bucket(stems: list[Path]) -> tuple[_Spooled, Any]:
+    """A bucket's spooled lines and index, and its Arrow rows (one chunk a column)."""
+    import pyarrow as pa
+
+    spooled = _Spooled(stems)
+    tables = []
+    for stem in stems:
+        with pa.memory_map(str(stem.with_suffix(".ipc"))) as ipc:
+            tables.append(pa.ipc.open_file(ipc).read_all())
+    return spooled, pa.concat_tables(tables).combine_chunks()
+
+
+def _index(stem: Path) -> tuple[Any, Any, int]:
+    """A closed spool's line offsets (one more than rows: the end), sequence numbers, and the bytes of the lines
+    of its rows made with Arrow."""
     import numpy as np
 
     data = stem.with_suffix(".idx").read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    values = np.frombuffer(data, dtype=np.int64, offset=8)
-    return values[: n + 1], values[n + 1 :]
+    n, made = int.from_bytes(data[:8], "little"), int.from_bytes(data[8:16], "little")
+    values = np.frombuffer(data, dtype=np.int64, offset=16)
+    return values[: n + 1], values[n + 1 :], made
 
 
-def _offsets(array: Any, dtype: Any) -> Any:
+def lines_size(stem: Path) -> int:
+    """The bytes a closed spool's rows take in the split's JSONL: its spooled lines and those made later."""
+    with open(stem.with_suffix(".idx"), "rb") as idx:
+        made = int.from_bytes(idx.read(16)[8:], "little")
+    return stem.with_suffix(".spool").stat().st_size + made
+
+
+def _offsets(array: Any) -> Any:
     """Where each value of a (large) string or binary Arrow array starts in its data buffer, and where the last
     ends (numpy int64)."""
     import numpy as np
+    import pyarrow as pa
 
-    offsets = np.frombuffer(array.buffers()[1], dtype=dtype)
+    large = pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if large else np.int32)
     return offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
 
 
