@@ -69,3 +69,25 @@ def test_rows_made_with_arrow_spool_no_lines_and_mix_with_rows_added_one_by_one(
         finish_part(part, sink.features.arrow_schema)
     lines = (tmp_path / "out" / "data" / "train.jsonl").read_text().splitlines()
     assert sorted(lines) == sorted(json.dumps(r, separators=(",", ":")) for r in rows)  # shuffled, every byte
+
+
+def test_rows_made_with_arrow_wait_and_reach_each_spool_in_few_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from flowrl.data import spools
+
+    monkeypatch.setattr(spools, "WAIT_ROWS", 100)
+    sink = DiskSink(tmp_path / "tmp", _features(), shuffle={"train"}, seed=1)
+    for start in range(0, 400, 10):  # 40 batches of 10 rows, as 40 segments would give them
+        part = [{"n": n, "text": str(n)} for n in range(start, start + 10)]
+        sink.add_batch(np.array(["train"] * 10), pa.Table.from_pylist(part, schema=sink.features.arrow_schema))
+    parts, _arrows = sink.plan(tmp_path / "out")
+    for ipc in (tmp_path / "tmp" / "spools").glob("*.ipc"):
+        assert pa.ipc.open_file(str(ipc)).num_record_batches <= 4  # one per 100 rows waited for, not one per 10
+    for part in parts:
+        finish_part(part, sink.features.arrow_schema)
+    lines = (tmp_path / "out" / "data" / "train.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["n"] for line in lines) == list(range(400))

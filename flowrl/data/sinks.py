@@ -2,7 +2,7 @@
 
 The disk sink appends each row as one JSON line to a spool and, a batch at a time, as Arrow to a second spool in
 the features' types (`flowrl.data.spools`), so a build holds no rows in memory and nothing is parsed twice. Rows
-of a split that must be shuffled are spooled into 32 buckets drawn at random (`Shuffle`); `finish` reads one
+of a split that must be shuffled are spooled into 64 buckets drawn at random (`Shuffle`); `finish` reads one
 bucket at a time, permutes it, and appends it to the final JSONL and to the Arrow file behind the
 `datasets.Dataset`: memory is bounded by a bucket, not by the split. A columnar build may make rows in other
 processes (`flowrl.data.workers`): the sink draws their buckets and sequence numbers, they spool the rows, and
