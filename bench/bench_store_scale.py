@@ -3,6 +3,7 @@
     python bench/bench_store_scale.py                   # 20,000 traces
     python bench/bench_store_scale.py --traces 100000 --build
     python bench/bench_store_scale.py --traces 1000000 --build --stores segments --workers 2
+    python bench/bench_store_scale.py --traces 100000 --scored --build --stores segments --workers 2
 
 Ingest: `write_many` of synthetic traces (flowrl.data.synthetic: 1-3 tool calls per run) in batches of
 `--batch`, into a `TraceStore` (one fsynced file per trace, one filesystem sync per batch) and into a
@@ -11,7 +12,8 @@ Ingest: `write_many` of synthetic traces (flowrl.data.synthetic: 1-3 tool calls 
 (the issue's target: 1,000,000 traces in under 60 s and 1 GiB: see docs/benchmarks.md). The segment store's
 build is the columnar one (`flowrl.data.columnar`), the JSON store's the row-by-row one. `--workers N`: the
 columnar build makes its rows in N more processes (`flowrl.data.workers`); each one's peak RSS is reported,
-and their sum with the main process's.
+and their sum with the main process's. `--scored`: before the build, every trace gets a score as `flowrl score`
+writes one (`store.update`: a side record per trace in a segment store), off the clock.
 """
 
 from __future__ import annotations
@@ -65,6 +67,25 @@ def ingest(n: int, batch: int, root: Path, kinds: list[str]) -> dict[str, float]
     return rates
 
 
+def score_all(n: int, root: Path, kinds: list[str]) -> None:
+    """Give every trace a score, label and reward details, as `flowrl score` records them (`store.update`)."""
+    from flowrl.data.synthetic import synthetic_trace
+    from flowrl.store_open import open_store
+
+    for name in kinds:
+        store = open_store(str(root / name))
+        t = time.perf_counter()
+        for i in range(n):
+            trace = synthetic_trace(i)
+            score = (i * 7919 % 1000) / 1000
+            trace.reward_score, trace.label, trace.label_source = score, score >= 0.5, "engine"
+            trace.rewards = {"tool_success": score, "host_outcome": None}
+            trace.reward_details = {"tool_success": {"calls": 2, "counted": 2, "failed": 0}}
+            store.update(trace)
+        store.close()
+        print(f"scored {name:9s} {n / (time.perf_counter() - t):9,.0f} traces/s", file=sys.stderr)
+
+
 def build(root: Path, kinds: list[str], workers: int) -> dict[str, dict[str, float]]:
     out = {}
     for name in kinds:
@@ -87,6 +108,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--build", action="store_true", help="also build a KTO set from each store")
     parser.add_argument("--stores", default="json,segments", help="which stores: json,segments (default both)")
+    parser.add_argument("--scored", action="store_true", help="score every trace (side records) before the build")
     parser.add_argument(
         "--workers", type=int, default=1, help="build processes besides the main one (columnar KTO build only)"
     )
@@ -99,6 +121,8 @@ def main() -> None:
             "batch": args.batch,
             "ingest": ingest(args.traces, args.batch, root, kinds),
         }
+        if args.scored:
+            score_all(args.traces, root, kinds)
         if args.build:
             result["build"] = build(root, kinds, args.workers)
     rates = result["ingest"]

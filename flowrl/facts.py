@@ -453,10 +453,11 @@ def reference(trace: ExecutionTrace) -> Reference:
 
 def is_manual_label(trace: ExecutionTrace) -> bool:
     """A label a person gave (`flowrl traces label`, or toolboxv2's `manual_review`): never overwritten."""
-    return _manual(trace.label, trace.label_source, trace.manual_review)
+    return manual_label(trace.label, trace.label_source, trace.manual_review)
 
 
-def _manual(label: bool | None, label_source: str | None, manual_review: bool) -> bool:
+def manual_label(label: bool | None, label_source: str | None, manual_review: bool) -> bool:
+    """`is_manual_label` on plain values (a trace dict's, a column's)."""
     return label is not None and (label_source == "manual" or (label_source is None and bool(manual_review)))
 
 
@@ -499,7 +500,7 @@ def label_of(
 ) -> tuple[bool | None, str]:
     """`label_at` from a trace's fields as plain values (`host_success`: `host_verdict(trace).success`), for a
     build that reads them from columns (`flowrl.data.columnar`)."""
-    if _manual(label, label_source, manual_review):
+    if manual_label(label, label_source, manual_review):
         return bool(label), "manual"
     if host_success is not None:
         return host_success, "host"
