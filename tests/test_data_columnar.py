@@ -233,3 +233,16 @@ def test_workers_start_asking_glibc_for_huge_pages_and_the_environment_is_put_ba
     with _huge_pages():
         assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
+def test_rows_with_only_label_and_reward_patches_are_decided_with_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path / "store")
+    one_by_one: list[int] = []
+    row = columnar._row
+    monkeypatch.setattr(columnar, "_row", lambda *a: one_by_one.append(a[4]) or row(*a))
+    DatasetPipeline(make_builder("kto")).build(store, tmp_path / "out")
+    # in the segment with the derived columns: 130-135 scored and 140 labelled by hand go in the columnar loop;
+    # 141 (a patched query) and 142 (an outcome) go one by one; a scored store's rows no longer do
+    assert len(one_by_one) == 2

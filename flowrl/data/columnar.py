@@ -96,13 +96,16 @@ class RowView:
 # what the pipeline reads of a row decided from its columns alone (`Decided`): the filters' columns were applied by
 # the listing, and `conv_steps` is read as its length
 DECIDED = [c for c in SCALARS if c not in ("agent_name", "session_id", "source", "conv_steps", "llm_calls")]
+# the columns of a `Decided` row that its label and reward patches replace
+PATCHED_COLUMNS = ("label", "label_source", "manual_review", "reward_score", "rewards")
 
 
 @dataclass
 class Decided:
     """Consecutive rows of a segment that need nothing but their columns: a derived chat, no LLM calls, no side
-    record. The listing's column pushdown (`flowrl.segments.pushdown`) let only rows through that the filters
-    match, so the pipeline decides them without a `RowView` or a `SegmentRow` each (`DatasetPipeline._decide`)."""
+    record but label and reward patches (merged into the columns, and matched against the filters). The listing's
+    column pushdown (`flowrl.segments.pushdown`) let only rows through that the filters match, so the pipeline
+    decides them without a `RowView` or a `SegmentRow` each (`DatasetPipeline._decide`)."""
 
     batch: ColumnRows
     rows: list[int]  # the rows in the segment's table
@@ -136,14 +139,23 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
         whole = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
         whole = whole.to_numpy(zero_copy_only=False)
         slow = whole
+        cols: dict[str, list[Any]] | None = None
+        patched: dict[int, RowView] = {}  # rows with side records that are decided with the others
         if side:  # a set lookup per row: a scored store's side records may name every trace
             ids = table.column("trace_id").to_pylist()
-            slow = whole | np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids))
-        cols: dict[str, list[Any]] | None = None
+            sided = np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids)) & ~whole
+            if sided.any():
+                cols = {name: table.column(name).to_pylist() for name in SCALARS}
+                for at in np.flatnonzero(sided).tolist():  # label and reward patches merged: the filter decides
+                    view = _view(store, cols, at, side)
+                    if view is not None and flt.matches(view):
+                        patched[at] = view
+                        sided[at] = False
+            slow = whole | sided
         start = 0
         for at in [*np.flatnonzero(slow).tolist(), table.num_rows]:
             if at > start:
-                yield _decided(batch, table, start, at)
+                yield _decided(batch, table, start, at, patched)
             if at == table.num_rows:
                 break
             if whole[at]:
@@ -154,12 +166,18 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
             start = at + 1
 
 
-def _decided(batch: ColumnRows, table: Any, start: int, end: int) -> Decided:
+def _decided(batch: ColumnRows, table: Any, start: int, end: int, patched: dict[int, RowView]) -> Decided:
+    """Rows `start` to `end` of a segment's listed rows, with the patched fields of those in `patched` (`rewards`
+    then a dict, not JSON text)."""
     import pyarrow.compute as pc
 
     part = table.slice(start, end - start)
     cols = {name: part.column(name).to_pylist() for name in DECIDED}
     cols["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
+    for at, view in patched.items():
+        if start <= at < end:
+            for name in PATCHED_COLUMNS:
+                cols[name][at - start] = getattr(view, name)
     index = batch.index or []
     return Decided(batch, index[start:end], cols)
 

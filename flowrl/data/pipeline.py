@@ -399,7 +399,8 @@ class DatasetPipeline:
                 skip("duplicate")
                 continue
             stats.add_reward(score)
-            rewards = orjson.loads(c["rewards"][i])
+            rewards = c["rewards"][i]
+            rewards = orjson.loads(rewards) if isinstance(rewards, str) else rewards  # a dict where patched
             facts = (c["label"][i], c["label_source"][i], c["manual_review"][i], None, score, rewards)
             plain = label_of(*facts)
             stats.trace_labels[str(plain[0]).lower()] += 1
