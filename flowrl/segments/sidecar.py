@@ -38,16 +38,23 @@ REVIEW_FIELDS = ("label", "label_source", "manual_review", "review_notes")
 Skip = Callable[[str, str], None]
 
 
-@dataclass(order=True)
+@dataclass(order=True, slots=True)
 class Record:
-    """One side record, ordered by (`at`, object, line)."""
+    """One side record, ordered by (`at`, object, line). It holds its line and parses its body (a patch's fields,
+    an outcome) when read: a listing holds every record of the store, and a scored store has one per trace
+    (parsed, a record was ~1.6 KB)."""
 
     at: int
     where: tuple[str, int]
     trace_id: str = field(compare=False)
     kind: str = field(compare=False)
-    body: dict[str, Any] = field(compare=False)
+    line: bytes = field(compare=False)  # as `patch_line` or `outcome_line` wrote it
     manual: bool = field(default=False, compare=False)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        value: dict[str, Any] = orjson.loads(self.line)["fields" if self.kind == "patch" else "outcome"]
+        return value
 
 
 def patch_line(trace_id: str, fields: dict[str, Any], manual: bool, at: int) -> bytes:
@@ -80,7 +87,7 @@ def parse(data: bytes, location: str, skip: Skip | None) -> list[Record]:
         except orjson.JSONDecodeError:
             _tell(skip, location, f"{where}: not JSON, skipped")
             continue
-        record = _record(obj, (location, number))
+        record = _record(obj, (location, number), line)
         if record is None:
             _tell(skip, location, f"{where}: not a side record (patch or outcome), skipped")
         else:
@@ -88,14 +95,14 @@ def parse(data: bytes, location: str, skip: Skip | None) -> list[Record]:
     return out
 
 
-def _record(obj: Any, where: tuple[str, int]) -> Record | None:
+def _record(obj: Any, where: tuple[str, int], line: bytes) -> Record | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("trace_id"), str) or not isinstance(obj.get("at"), int):
         return None
     kind = obj.get("kind")
     if kind == "patch" and isinstance(obj.get("fields"), dict):
-        return Record(obj["at"], where, obj["trace_id"], kind, obj["fields"], bool(obj.get("manual")))
+        return Record(obj["at"], where, obj["trace_id"], "patch", line, bool(obj.get("manual")))
     if kind == "outcome" and isinstance(obj.get("outcome"), dict):
-        return Record(obj["at"], where, obj["trace_id"], kind, obj["outcome"])
+        return Record(obj["at"], where, obj["trace_id"], "outcome", line)
     return None
 
 
@@ -131,7 +138,7 @@ class SideView:
     def apply(self, trace: ExecutionTrace, origin: str, skip: Skip | None) -> ExecutionTrace:
         """`trace` with its patches applied (latest field wins, a person's label kept) and its outcomes."""
         records = self._records(trace.trace_id)
-        patches = [r for r in records if r.kind == "patch"]
+        patches = [(r, r.body) for r in records if r.kind == "patch"]
         if patches:
             data = trace.to_dict()
             _merge(data, patches)
@@ -145,8 +152,8 @@ class SideView:
     def patched_fields(self, trace_id: str, base: dict[str, Any]) -> dict[str, Any] | None:
         """`base` (some top-level fields of a stored trace) with the trace's patches merged as `apply` merges
         them, or None when a patch sets a field `base` does not hold (the whole trace is needed then)."""
-        patches = [r for r in self._records(trace_id) if r.kind == "patch"]
-        if any(name not in base for patch in patches for name in patch.body if name != "trace_id"):
+        patches = [(r, r.body) for r in self._records(trace_id) if r.kind == "patch"]
+        if any(name not in base for _r, body in patches for name in body if name != "trace_id"):
             return None
         data = dict(base)
         _merge(data, patches)
@@ -165,11 +172,10 @@ class SideView:
         return out
 
 
-def _merge(data: dict[str, Any], patches: list[Record]) -> None:
-    """Apply patches in order to a trace dict: the latest value of a field wins, a person's label is kept
-    against patches that are not manual."""
-    for patch in patches:
-        fields = dict(patch.body)
+def _merge(data: dict[str, Any], patches: list[tuple[Record, dict[str, Any]]]) -> None:
+    """Apply patches (each with its body) in order to a trace dict: the latest value of a field wins, a person's
+    label is kept against patches that are not manual."""
+    for patch, fields in patches:
         if not patch.manual and _manual(data):
             for name in REVIEW_FIELDS:
                 fields.pop(name, None)

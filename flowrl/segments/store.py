@@ -166,7 +166,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
             return
         at = time.time_ns()
         line = patch_line(trace_id, fields, manual, at)
-        self._catalog.view.add([Record(at, ("pending", len(self._side)), trace_id, "patch", fields, manual)])
+        self._catalog.view.add([Record(at, ("pending", len(self._side)), trace_id, "patch", line, manual)])
         self._side.append((_day_of(trace), line))
         self._after_buffering(len(self._side))
 
@@ -179,7 +179,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
             for outcome in outcomes:
                 at = time.time_ns()
                 line = outcome_line(trace_id, outcome, at)
-                record = Record(at, ("pending", len(self._side)), trace_id, "outcome", outcome.model_dump(mode="json"))
+                record = Record(at, ("pending", len(self._side)), trace_id, "outcome", line)
                 self._catalog.view.add([record])
                 self._side.append((day, line))
             self._flush_side()
