@@ -239,9 +239,17 @@ def test_rows_with_only_label_and_reward_patches_are_decided_with_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = _store(tmp_path / "store")
-    one_by_one: list[int] = []
-    row = columnar._row
-    monkeypatch.setattr(columnar, "_row", lambda *a: one_by_one.append(a[4]) or row(*a))
+    one_by_one: list[str] = []  # rows with side records, in segments with the derived columns, yielded alone
+    items = columnar.items
+
+    def spy(*args: Any) -> Any:
+        for item in items(*args):
+            if not isinstance(item, columnar.Decided) and "#" in item[0] and "-000099-" not in item[0]:
+                if store.read_path(item[0]).trace_id in store.side_ids():  # not the v1 segment, not a JSON file
+                    one_by_one.append(item[0])
+            yield item
+
+    monkeypatch.setattr(columnar, "items", spy)
     DatasetPipeline(make_builder("kto")).build(store, tmp_path / "out")
     # in the segment with the derived columns: 130-135 scored and 140 labelled by hand go in the columnar loop;
     # 141 (a patched query) and 142 (an outcome) go one by one; a scored store's rows no longer do

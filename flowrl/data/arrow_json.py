@@ -67,6 +67,8 @@ def _size(table: Any, field: Any) -> Any:
     import pyarrow.compute as pc
 
     kind = field.type
+    if isinstance(kind, pa.JsonType):  # measured, not copied: a row's tools can be long
+        return _numpy(pc.fill_null(pc.binary_length(table.column(field.name).combine_chunks().storage), 4))
     if not (pa.types.is_list(kind) or pa.types.is_boolean(kind)):
         return _numpy(pc.binary_length(_value(table, field)))  # small values: made, then measured
     column = table.column(field.name).combine_chunks()

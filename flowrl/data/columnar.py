@@ -3,9 +3,9 @@ segment's rows at a time, without parsing a trace's JSON or building an `Executi
 
 `DatasetPipeline.build` takes this path for a `SegmentStore` and a streaming builder (KTO) whose tool-call
 arguments are dicts, grouped by query or group key (not embeddings), without a token budget (`reason_not`
-says why not, otherwise). The rows are the row-by-row build's, byte for byte: the pipeline decides each trace on a
-`RowView` (the fields filters, labels and builders read of a trace) and a `SegmentRow` (what it checks of the
-conversation, and where its columns are), and `flowrl.data.columnar_kto` makes a segment's rows with Arrow.
+says why not, otherwise). The rows are the row-by-row build's, byte for byte: the pipeline decides a segment's traces
+from their columns (`Decided`; a trace's label and reward patches merged onto a `RowView`, the fields filters and
+labels read of a trace), and `flowrl.data.columnar_kto` makes a segment's rows with Arrow.
 A row the columns cannot stand for is read whole and built as before, and counted (`BuildStats.read_whole`):
 JSON files and segment-v1 rows, a trace with LLM calls (its captured token ids are in the trace), with host
 outcomes, or with a side record that changes more than its labels and rewards.
@@ -115,14 +115,13 @@ class Decided:
         return len(self.rows)
 
 
-Item = tuple[str | None, "RowView | None", "SegmentRow | None"] | Decided
+Item = tuple[str, "RowView | None"] | Decided
 
 
 def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
     """The stored traces in listing order: stretches of rows decided from their columns (`Decided`), and
-    `(ref, view, conversation)` for each other row: `(ref, None, None)` for one to read whole, a view that `flt`
-    rules out without a conversation. `columns`: read besides the scalar ones, for the rows to be made from
-    (`flowrl.data.columnar_kto`)."""
+    `(ref, None)` for each row to read whole, `(ref, view)` for a patched row that `flt` rules out. `columns`:
+    read besides the scalar ones, for the rows to be made from (`flowrl.data.columnar_kto`)."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -132,66 +131,48 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
             side = store.side_ids()
         if batch.table is None:
             for ref in batch.refs:
-                yield ref, None, None
+                yield ref, None
             continue
         table = batch.select(SCALARS)
         # read whole: no chat derived (all its columns null), or captured token ids (they are in the trace)
         whole = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
         whole = whole.to_numpy(zero_copy_only=False)
         slow = whole
-        cols: dict[str, list[Any]] | None = None
-        patched: dict[int, RowView] = {}  # rows with side records that are decided with the others
+        views: dict[int, RowView | None] = {}  # rows with side records: label and reward patches merged
         if side:  # a set lookup per row: a scored store's side records may name every trace
             ids = table.column("trace_id").to_pylist()
             sided = np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids)) & ~whole
             if sided.any():
                 cols = {name: table.column(name).to_pylist() for name in SCALARS}
-                for at in np.flatnonzero(sided).tolist():  # label and reward patches merged: the filter decides
-                    view = _view(store, cols, at, side)
-                    if view is not None and flt.matches(view):
-                        patched[at] = view
-                        sided[at] = False
+                views = {at: _view(store, cols, at, side) for at in np.flatnonzero(sided).tolist()}
+                for at, view in views.items():  # decided with the others when the filter keeps it
+                    sided[at] = view is None or not flt.matches(view)
             slow = whole | sided
         start = 0
         for at in [*np.flatnonzero(slow).tolist(), table.num_rows]:
             if at > start:
-                yield _decided(batch, table, start, at, patched)
+                yield _decided(batch, table, start, at, views)
             if at == table.num_rows:
                 break
-            if whole[at]:
-                yield batch.refs[at], None, None
-            else:
-                cols = cols or {name: table.column(name).to_pylist() for name in SCALARS}
-                yield _row(store, flt, batch, cols, at, side)
+            yield batch.refs[at], None if whole[at] else views[at]  # read whole, or ruled out
             start = at + 1
 
 
-def _decided(batch: ColumnRows, table: Any, start: int, end: int, patched: dict[int, RowView]) -> Decided:
-    """Rows `start` to `end` of a segment's listed rows, with the patched fields of those in `patched` (`rewards`
+def _decided(batch: ColumnRows, table: Any, start: int, end: int, views: dict[int, RowView | None]) -> Decided:
+    """Rows `start` to `end` of a segment's listed rows, with the patched fields of those in `views` (`rewards`
     then a dict, not JSON text)."""
     import pyarrow.compute as pc
 
     part = table.slice(start, end - start)
     cols = {name: part.column(name).to_pylist() for name in DECIDED}
     cols["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
-    for at, view in patched.items():
-        if start <= at < end:
+    for at in range(start, end) if views else ():
+        view = views.get(at)
+        if view is not None:
             for name in PATCHED_COLUMNS:
                 cols[name][at - start] = getattr(view, name)
     index = batch.index or []
     return Decided(batch, index[start:end], cols)
-
-
-def _row(
-    store: Any, flt: Any, batch: ColumnRows, cols: dict[str, list[Any]], i: int, side: set[str]
-) -> tuple[str, RowView | None, SegmentRow | None]:
-    ref = batch.refs[i]
-    view = _view(store, cols, i, side)
-    if view is None:
-        return ref, None, None
-    if not flt.matches(view):
-        return ref, view, None
-    return ref, view, SegmentRow(cols, i, batch)
 
 
 def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:
@@ -255,26 +236,3 @@ def _patched(store: Any, trace_id: str, fields: dict[str, Any]) -> dict[str, Any
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class SegmentRow:
-    """A trace's conversation as a build that makes rows a segment at a time needs it: what the pipeline checks
-    of a conversation, and where its columns are (`batch`: the segment's `ColumnRows`, `row`: the trace's row in
-    its table) instead of its messages."""
-
-    __slots__ = ("prompt_end", "steps", "dedupe_key", "synthesized", "has_tool_calls", "batch", "row")
-
-    def __init__(self, cols: dict[str, list[Any]], i: int, batch: ColumnRows) -> None:
-        self.prompt_end: int = cols["conv_prompt_end"][i]
-        self.steps: list[int] = cols["conv_steps"][i]
-        self.dedupe_key: bytes = cols["conv_key"][i]
-        self.synthesized: bool = cols["conv_synthesized"][i]
-        self.has_tool_calls: bool = cols["conv_tool_calls"][i]
-        self.batch = batch
-        self.row: int = batch.index[i]  # type: ignore[index]
-
-    def assistant_indices(self) -> list[int]:
-        return self.steps
-
-    def key(self) -> bytes:
-        return self.dedupe_key

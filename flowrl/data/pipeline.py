@@ -130,34 +130,34 @@ class _Source:
             return count(self.flt) if count else sum(1 for _ in self.store.iter_paths(self.flt))
         return len(self.traces or [])
 
-    def scan(self) -> Iterator[tuple[Any, ExecutionTrace, Conversation | None]]:
-        """`(ref, trace, conversation)` per trace in order; ref None when the filters rule it out (or it cannot
-        be read); the conversation only from a columnar scan (`flowrl.data.columnar`)."""
+    def scan(self) -> Iterator[tuple[Any, ExecutionTrace]]:
+        """`(ref, trace)` per trace in order, ref None when the filters rule it out (or it cannot be read); from a
+        columnar scan also stretches of rows decided from their columns (`flowrl.data.columnar.Decided`)."""
         if self.store is None:
             for i, trace in enumerate(self.traces or []):
                 if self.flt.day_ok(trace.date()) and self.flt.matches(trace):
-                    yield i, trace, None
+                    yield i, trace
                 else:
-                    yield None, trace, None
+                    yield None, trace
             return
         if self.columnar:
             for item in columnar.items(self.store, self.flt, self.columns):
                 if isinstance(item, columnar.Decided):
                     yield item  # type: ignore[misc]  # a stretch of rows: `DatasetPipeline._run` tells them apart
                     continue
-                ref, view, conv = item
+                ref, view = item
                 if view is None:
                     self.stats.read_whole += 1
                     yield self._read(ref, None)
-                else:
-                    yield (ref if conv is not None else None), view, conv  # type: ignore[misc]
+                else:  # a patched row the filters rule out
+                    yield None, view  # type: ignore[misc]
             return
         # which traces have host outcomes, listed once (as `iter_traces` does): not one lookup per trace file
         outcome_ids = ids_with_outcomes(self.store.root) if isinstance(self.store, TraceStore) else None
         for path in self.store.iter_paths(self.flt):
             yield self._read(path, outcome_ids)
 
-    def _read(self, path: Any, outcome_ids: set[str] | None) -> tuple[Any, ExecutionTrace, None]:
+    def _read(self, path: Any, outcome_ids: set[str] | None) -> tuple[Any, ExecutionTrace]:
         assert self.store is not None
         try:
             trace = self.store.read_path(path, outcome_ids=outcome_ids)
@@ -165,8 +165,8 @@ class _Source:
             if self.store.problems.add(ReadProblem(path, str(exc))):  # a file read twice counts once
                 self.stats.unreadable += 1
                 log.warning("flowrl: skipping %s", exc)
-            return None, None, None  # type: ignore[return-value]  # still one file done, for the progress bar
-        return (path, trace, None) if self.flt.matches(trace) else (None, trace, None)
+            return None, None  # type: ignore[return-value]  # still one file done, for the progress bar
+        return (path, trace) if self.flt.matches(trace) else (None, trace)
 
     def load(self, ref: Any) -> ExecutionTrace:
         return self.store.read_path(ref) if self.store is not None else self.traces[ref]  # type: ignore[index]
@@ -315,7 +315,7 @@ class DatasetPipeline:
     def _run(self, src: _Source, sink: DiskSink | MemorySink, on_progress: Progress | None) -> None:
         total = src.total() if on_progress else None
         if self.grouper.needs_fit and not self.builder.grouped:
-            self.grouper.fit(self.grouper.raw_key(t) for ref, t, _conv in src.scan() if ref is not None)
+            self.grouper.fit(self.grouper.raw_key(t) for ref, t in src.scan() if ref is not None)
         infos: list[TraceInfo] = []
         seen = SeenKeys()
         run = Pending()  # traces of one segment whose rows are made together (`src.columnar`)
@@ -327,11 +327,11 @@ class DatasetPipeline:
                 self._decide(item, run, seen)
                 done += len(item)
             else:
-                ref, trace, packed = item
+                ref, trace = item
                 done += 1
                 if ref is not None:
                     self.stats.traces_read += 1
-                    conv = self._conversation(trace, seen, packed)
+                    conv = self._conversation(trace, seen)
                     if conv is not None:
                         run = self._trace(sink, run, infos, ref, trace, conv)
             if on_progress and (done - told >= 500 or done == total):
@@ -358,17 +358,9 @@ class DatasetPipeline:
             if info is not None:
                 infos.append(info)
             return run
-        if isinstance(trace, columnar.RowView):
-            raw = self.grouper.raw_key_of(trace.group_key, trace.query_key)
-        else:
-            raw = self.grouper.raw_key(trace)
-        group_id, split = self._task(raw)
-        batch = getattr(conv, "batch", None)
-        if run.batch is not batch:
-            run = self._add_run(sink, run, batch)
-        if batch is not None:
-            self._pend(run, trace, conv, RowContext(group_id, self.stats), split)
-            return run
+        group_id, split = self._task(self.grouper.raw_key(trace))
+        if run.batch is not None:  # a segment's pending rows come first
+            run = self._add_run(sink, run, None)
         used = False
         for row in self.builder.trace_rows(trace, conv, RowContext(group_id, self.stats)):
             self._add(sink, split, row)
@@ -377,7 +369,7 @@ class DatasetPipeline:
         return run
 
     def _decide(self, rows: columnar.Decided, run: Pending, seen: SeenKeys) -> None:
-        """`_conversation` and `_pend` for each of a stretch of rows that their columns decide: the same decisions
+        """`_conversation` and `_trace` for each of a stretch of rows that their columns decide: the same decisions
         and counts in the same order, without an object per trace."""
         stats, builder, task = self.stats, cast(KTODatasetBuilder, self.builder), self._task
         dedupe, raw_key, threshold, skip = self.filters.dedupe, self.grouper.raw_key_of, builder.threshold, stats.skip
@@ -422,10 +414,8 @@ class DatasetPipeline:
             hit = self._tasks[raw_key] = (group_id, split_for(group_id, self.val_fraction, self.seed))
         return hit
 
-    def _conversation(
-        self, trace: ExecutionTrace, seen: SeenKeys, packed: Conversation | None = None
-    ) -> Conversation | None:
-        conv = packed or trace_conversation(trace, self.builder.arguments_as)
+    def _conversation(self, trace: ExecutionTrace, seen: SeenKeys) -> Conversation | None:
+        conv = trace_conversation(trace, self.builder.arguments_as)
         if conv.prompt_end == 0:
             self.stats.skip("no user turn")
             return None
@@ -465,14 +455,6 @@ class DatasetPipeline:
                 self._add(sink, split, row)
                 used.update(row_trace_ids(row))
         self.stats.traces_used = len(used)
-
-    def _pend(self, run: Pending, view: Any, conv: Any, ctx: RowContext, split: str) -> None:
-        builder = cast(KTODatasetBuilder, self.builder)
-        labelled = builder.trace_label(view, ctx, self._label)
-        if labelled is None:
-            return
-        first = builder.first_row(len(conv.steps))
-        run.add(conv.row, first, *labelled, split, ctx.group_id, view.trace_id, view.reward_score)
 
     def _add_run(self, sink: DiskSink | MemorySink, run: Pending, batch: Any) -> Pending:
         """The rows of `run` (traces of one segment) made with Arrow, added as `_add` adds rows one by one: here,

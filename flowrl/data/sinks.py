@@ -1,7 +1,8 @@
 """Where built rows go: a list per split in memory, or spool files on disk turned into the outputs.
 
-The disk sink appends each row as one JSON line to a spool and, a batch at a time, as Arrow to a second spool in
-the features' types (`flowrl.data.spools`), so a build holds no rows in memory and nothing is parsed twice. Rows
+The disk sink spools each row as Arrow in the features' types, a batch at a time, and a row added one by one also
+as its JSON line (`flowrl.data.spools`; a row made with Arrow gets its line when it is written), so a build holds
+no rows in memory and nothing is parsed twice. Rows
 of a split that must be shuffled are spooled into 64 buckets drawn at random (`Shuffle`); `finish` reads one
 bucket at a time, permutes it, and appends it to the final JSONL and to the Arrow file behind the
 `datasets.Dataset`: memory is bounded by a bucket, not by the split. A columnar build may make rows in other
