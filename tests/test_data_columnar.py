@@ -245,7 +245,7 @@ def test_rows_with_only_label_and_reward_patches_are_decided_with_the_others(
     def spy(*args: Any) -> Any:
         for item in items(*args):
             if not isinstance(item, columnar.Decided) and "#" in item[0] and "-000099-" not in item[0]:
-                if store.read_path(item[0]).trace_id in store.side_ids():  # not the v1 segment, not a JSON file
+                if store.side_mask([store.read_path(item[0]).trace_id])[0]:  # not the v1 segment, not a JSON file
                     one_by_one.append(item[0])
             yield item
 

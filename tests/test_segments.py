@@ -304,15 +304,3 @@ def test_cli_ls_build_dataset_and_compact_on_segments(tmp_path: Path, capsys: py
     capsys.readouterr()
     assert main(["traces", "ls", "--store", url]) == 0
     assert "80 traces under memory://" in capsys.readouterr().out
-
-
-def test_side_records_hold_their_lines_and_give_a_fresh_body_each_read() -> None:
-    from flowrl.segments.sidecar import parse, patch_line
-
-    lines = [patch_line(f"t{i}", {"reward_score": i / 10, "rewards": {"a": 1.0}}, False, 100 + i) for i in range(3)]
-    records = parse(b"".join(lines), "side.jsonl", None)
-    assert [r.line for r in records] == [line.rstrip(b"\n") for line in lines]  # no parsed dict kept per record
-    body = records[1].body
-    assert body == {"reward_score": 0.1, "rewards": {"a": 1.0}}
-    body["reward_score"] = 9.0  # a merge pops and updates what it reads: the record is not changed
-    assert records[1].body["reward_score"] == 0.1

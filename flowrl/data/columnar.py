@@ -125,10 +125,7 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
     import numpy as np
     import pyarrow.compute as pc
 
-    side: set[str] | None = None
     for batch in store.scan_columns(flt, SCALARS + columns):
-        if side is None:  # after the listing has read the side records
-            side = store.side_ids()
         if batch.table is None:
             for ref in batch.refs:
                 yield ref, None
@@ -139,14 +136,13 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
         whole = whole.to_numpy(zero_copy_only=False)
         slow = whole
         views: dict[int, RowView | None] = {}  # rows with side records: label and reward patches merged
-        if side:  # a set lookup per row: a scored store's side records may name every trace
-            ids = table.column("trace_id").to_pylist()
-            sided = np.fromiter((tid in side for tid in ids), dtype=bool, count=len(ids)) & ~whole
-            if sided.any():
-                cols = {name: table.column(name).to_pylist() for name in SCALARS}
-                views = {at: _view(store, cols, at, side) for at in np.flatnonzero(sided).tolist()}
-                for at, view in views.items():  # decided with the others when the filter keeps it
-                    sided[at] = view is None or not flt.matches(view)
+        sided = store.side_mask(table.column("trace_id").to_pylist()) & ~whole  # a scored store: every row
+        if sided.any():
+            cols = {name: table.column(name).to_pylist() for name in SCALARS}
+            rows = np.flatnonzero(sided).tolist()
+            views = dict(zip(rows, _views(store, cols, rows), strict=True))
+            for at, view in views.items():  # decided with the others when the filter keeps it
+                sided[at] = view is None or not flt.matches(view)
             slow = whole | sided
         start = 0
         for at in [*np.flatnonzero(slow).tolist(), table.num_rows]:
@@ -175,46 +171,29 @@ def _decided(batch: ColumnRows, table: Any, start: int, end: int, views: dict[in
     return Decided(batch, index[start:end], cols)
 
 
-def _view(store: Any, cols: dict[str, list[Any]], i: int, side: set[str]) -> RowView | None:
-    fields: dict[str, Any] = {
-        "label": cols["label"][i],
-        "label_source": cols["label_source"][i],
-        "manual_review": bool(cols["manual_review"][i]),
-        "reward_score": cols["reward_score"][i],
-        "rewards": cols["rewards"][i],
-    }
-    trace_id = cols["trace_id"][i]
-    if trace_id in side:
-        merged = _patched(store, trace_id, fields)
-        if merged is None:
-            return None
-        fields = merged
-    rewards = fields["rewards"]
-    return RowView(
-        trace_id=trace_id,
-        agent_name=cols["agent_name"][i],
-        session_id=cols["session_id"][i],
-        source=cols["source"][i],
-        label=fields["label"],
-        label_source=fields["label_source"],
-        manual_review=fields["manual_review"],
-        reward_score=fields["reward_score"],
-        rewards=orjson.loads(rewards) if isinstance(rewards, str) else rewards,
-        group_key=cols["group_key"][i],
-        query_key=cols["query_key"][i],
-    )
+def _views(store: Any, cols: dict[str, list[Any]], rows: list[int]) -> list[RowView | None]:
+    """The `RowView` of each of `rows` (with side records) with its patches merged, or None for a row that must be
+    read whole (a patch to another field, a host outcome, or a value the trace model would refuse: the whole read
+    then says so)."""
+    bases = []
+    for i in rows:
+        base = dict.fromkeys(PATCHABLE)
+        base.update(
+            label=cols["label"][i],
+            label_source=cols["label_source"][i],
+            manual_review=bool(cols["manual_review"][i]),
+            reward_score=cols["reward_score"][i],
+            rewards=orjson.loads(cols["rewards"][i]),
+        )
+        bases.append(base)
+    ids = cols["trace_id"]
+    merged = store.merged_many([ids[i] for i in rows], bases)
+    return [None if m is None or not _valid(m) else _view(cols, i, m) for i, m in zip(rows, merged, strict=True)]
 
 
-def _patched(store: Any, trace_id: str, fields: dict[str, Any]) -> dict[str, Any] | None:
-    """`fields` with the trace's patches merged, or None when the trace must be read whole (a patch to another
-    field, a host outcome, or a value the trace model would refuse: the whole read then says so)."""
-    base = dict.fromkeys(PATCHABLE)
-    base.update(fields, rewards=orjson.loads(fields["rewards"]))
-    merged = store.merged_fields(trace_id, base)
-    if merged is None:
-        return None
+def _valid(merged: dict[str, Any]) -> bool:
     score, rewards = merged["reward_score"], merged["rewards"]
-    ok = (
+    return (
         merged["label"] in (None, True, False)
         and merged["label_source"] in (None, "manual", "engine")
         and isinstance(merged["manual_review"], bool)
@@ -227,11 +206,23 @@ def _patched(store: Any, trace_id: str, fields: dict[str, Any]) -> dict[str, Any
         and (merged["reward_details"] is None or isinstance(merged["reward_details"], dict))
         and merged["facts"] is None
     )
-    if not ok:
-        return None
-    merged["reward_score"] = None if score is None else float(score)
-    merged["rewards"] = {k: None if v is None else float(v) for k, v in rewards.items()}
-    return merged
+
+
+def _view(cols: dict[str, list[Any]], i: int, merged: dict[str, Any]) -> RowView:
+    score = merged["reward_score"]
+    return RowView(
+        trace_id=cols["trace_id"][i],
+        agent_name=cols["agent_name"][i],
+        session_id=cols["session_id"][i],
+        source=cols["source"][i],
+        label=merged["label"],
+        label_source=merged["label_source"],
+        manual_review=merged["manual_review"],
+        reward_score=None if score is None else float(score),
+        rewards={k: None if v is None else float(v) for k, v in merged["rewards"].items()},
+        group_key=cols["group_key"][i],
+        query_key=cols["query_key"][i],
+    )
 
 
 def _number(value: Any) -> bool:

@@ -26,7 +26,8 @@ from flowrl.schema import ExecutionTrace
 from flowrl.segments import names
 from flowrl.segments.format import NotASegment, Segment
 from flowrl.segments.fs import Root
-from flowrl.segments.sidecar import SideView, parse
+from flowrl.segments.sidecar import Record
+from flowrl.segments.sideview import SideView
 from flowrl.store import trace_from_json
 from flowrl.store_index import day_dirs, trace_files, valid_day
 from flowrl.store_outcomes import ids_with_outcomes
@@ -111,10 +112,11 @@ class Catalog:
             if self.root.local:
                 self.legacy_outcome_ids = ids_with_outcomes(Path(self.root.path))
 
-    def mark_side_seen(self, path: str) -> None:
-        """A side object this process wrote and already holds in `view` (not to be read twice)."""
+    def settle(self, path: str, data: bytes, records: list[Record]) -> None:
+        """This process put its pending `records` as the side object `path` holding `data` (not to be read again)."""
         with self.lock:
             self._side_seen.add(path)
+            self.view.settle(records, self.root.display(path), data)
 
     def _objects(self, kind: str, skip: Skip) -> Iterator[tuple[str, str]]:
         """`(day, path)` of every object under `{root}/{kind}` with a final name; the rest go to `skip`."""
@@ -189,7 +191,7 @@ class Catalog:
                 skip(where, f"{where}: cannot read: {exc}")
                 continue
             self._side_seen.add(path)
-            self.view.add(parse(data, where, skip))
+            self.view.add_object(where, data, skip)
 
     def _list_json(self, skip: Skip) -> dict[str, Ref]:
         """The per-trace JSON files under `{root}/YYYY-MM-DD/`, by the id their name gives."""

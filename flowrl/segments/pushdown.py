@@ -16,15 +16,19 @@ from flowrl.store import TraceFilter
 COLUMNS = ["trace_id", "agent_name", "session_id", "source", "label", "label_source", "reward_score"]
 
 
-def row_filter(flt: TraceFilter, patched: set[str]) -> Callable[[Segment, str], list[bool] | None] | None:
-    """`keep(segment, location)` giving a mask of rows that may match, or None when `flt` has no column test."""
+def row_filter(
+    flt: TraceFilter, patched: Callable[[list[str]], Any]
+) -> Callable[[Segment, str], list[bool] | None] | None:
+    """`keep(segment, location)` giving a mask of rows that may match, or None when `flt` has no column test.
+    `patched(ids)`: a bool per id, whether the trace may have patches (its row is kept then)."""
     tests = _tests(flt)
     if not tests:
         return None
 
     def keep(segment: Segment, _location: str) -> list[bool]:
         cols = segment.columns(COLUMNS)
-        return [cols["trace_id"][i] in patched or all(test(cols, i) for test in tests) for i in range(segment.rows)]
+        maybe = patched(cols["trace_id"]).tolist()
+        return [maybe[i] or all(test(cols, i) for test in tests) for i in range(segment.rows)]
 
     return keep
 

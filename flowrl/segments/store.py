@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.facts import is_manual_label
 from flowrl.outcomes import HostOutcome
@@ -40,7 +42,7 @@ from flowrl.segments.format import encode
 from flowrl.segments.fs import Root, RootURL, protocols
 from flowrl.segments.problems import ProblemRecords
 from flowrl.segments.pushdown import row_filter
-from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
+from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, merge_patch, outcome_line, patch_line
 from flowrl.store import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         self._seq = 0
         self._traces: list[tuple[ExecutionTrace, str, int]] = []  # (trace, day, written_ns), not yet put
         self._pending: dict[str, ExecutionTrace] = {}  # the same, by id, for this process's reads
-        self._side: list[tuple[str, bytes]] = []  # (day, line), not yet put
+        self._side: list[tuple[str, Record]] = []  # (day, record), not yet put
         self._timer: threading.Timer | None = None
         self._closed = False
         lifecycle.track(self)
@@ -166,8 +168,9 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
             return
         at = time.time_ns()
         line = patch_line(trace_id, fields, manual, at)
-        self._catalog.view.add([Record(at, ("pending", len(self._side)), trace_id, "patch", line, manual)])
-        self._side.append((_day_of(trace), line))
+        record = Record(at, ("pending", len(self._side)), trace_id, "patch", line, manual)
+        self._catalog.view.add_pending(record)
+        self._side.append((_day_of(trace), record))
         self._after_buffering(len(self._side))
 
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
@@ -180,8 +183,8 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
                 at = time.time_ns()
                 line = outcome_line(trace_id, outcome, at)
                 record = Record(at, ("pending", len(self._side)), trace_id, "outcome", line)
-                self._catalog.view.add([record])
-                self._side.append((day, line))
+                self._catalog.view.add_pending(record)
+                self._side.append((day, record))
             self._flush_side()
 
     def _after_buffering(self, waiting: int) -> None:
@@ -217,10 +220,11 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
     def _flush_side(self) -> None:
         while self._side:
             day = self._side[0][0]
-            lines = [line for d, line in self._side if d == day]
-            path = self._put(names.SIDECAR, day, b"".join(lines))
-            self._catalog.mark_side_seen(path)  # its records are in the view already
-            self._side = [(d, line) for d, line in self._side if d != day]
+            records = [record for d, record in self._side if d == day]
+            data = b"".join(record.line for record in records)
+            path = self._put(names.SIDECAR, day, data)
+            self._catalog.settle(path, data, records)  # read from there, not held twice
+            self._side = [(d, record) for d, record in self._side if d != day]
 
     def _put(self, kind: str, day: str, data: bytes) -> str:
         def name() -> str:
@@ -321,7 +325,8 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         """The listing (`Catalog.winners`): days in order, `flt`'s days and columns applied."""
         self.flush()  # this process's buffered traces are listed too
         self._catalog.refresh(self._skipper(problems))
-        keep = row_filter(flt, self._catalog.view.patched_ids()) if flt is not None else None
+        patched = self._catalog.view
+        keep = row_filter(flt, lambda ids: patched.mask(ids, "patch")) if flt is not None else None
         for day in self._catalog.days():
             if flt is None or flt.day_ok(day):
                 yield from self._catalog.winners(day, keep)
@@ -358,17 +363,39 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         whole with `read_path`."""
         return scan(self._catalog, self._winners(flt, self._begin()), columns)
 
-    def side_ids(self) -> set[str]:
-        """The ids of traces with side records or host outcomes, as of the latest listing."""
-        return self._catalog.view.ids() | self._catalog.legacy_outcome_ids
+    def side_mask(self, ids: list[str]) -> Any:
+        """A numpy bool per id: whether the trace may have side records or host outcomes (as of the latest
+        listing); False means it has none."""
+        mask = self._catalog.view.mask(ids)
+        legacy = self._catalog.legacy_outcome_ids
+        if legacy:
+            mask |= np.fromiter((tid in legacy for tid in ids), bool, len(ids))
+        return mask
 
     def merged_fields(self, trace_id: str, base: dict[str, Any]) -> dict[str, Any] | None:
         """`base` (fields of a stored row) with the trace's patches merged, or None when the trace must be read
         whole: it has host outcomes, or a patch sets a field `base` lacks."""
-        view = self._catalog.view
-        if view.has(trace_id, "outcome") or trace_id in self._catalog.legacy_outcome_ids:
+        if trace_id in self._catalog.legacy_outcome_ids:
             return None
-        return view.patched_fields(trace_id, base)
+        return self._catalog.view.patched_fields(trace_id, base)
+
+    def merged_many(self, ids: list[str], bases: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        """`merged_fields` for many rows (a segment's patched rows): a trace whose only record is a patch, as a
+        scored store's are, is found and merged without its records being sorted one by one."""
+        legacy = self._catalog.legacy_outcome_ids
+        out: list[dict[str, Any] | None] = []
+        for trace_id, base, single in zip(ids, bases, self._catalog.view.single_patches(ids), strict=True):
+            if single is None or trace_id in legacy:
+                out.append(self.merged_fields(trace_id, base))
+                continue
+            fields, manual = single
+            if any(name not in base for name in fields if name != "trace_id"):
+                out.append(None)
+                continue
+            data = dict(base)
+            merge_patch(data, fields, manual)
+            out.append(data)
+        return out
 
     def count(self) -> int:
         self.flush()

@@ -1,0 +1,251 @@
+"""SideView: every side record of a store (`flowrl.segments.sidecar`), held compactly and found by trace id.
+
+A listing holds every side record of its store, and a scored store has one per trace. As Python objects (a
+`Record` with its line, a list and a dict entry per id) that was ~0.8 KB a trace: 0.8 GiB for a million scored
+traces. Here a record is a row of fixed-size arrays (when, which object and line, which kind, where its line
+is: 33 bytes, and 12 more in the sorted index), and the lines are kept zstd-compressed in runs of whole lines
+(`RUN_BYTES`, ~40 bytes a score patch). Reading a record decompresses its run (~25 µs for 32 KB); the last few
+runs stay decompressed, so reading traces in about the order they were scored mostly finds them there.
+
+Records are found by their trace id's `hash` (a sorted numpy index; what was added since it was sorted is in a
+small dict until the next sort). Each record found is parsed and its id compared, so two ids with one hash
+never mix; `mask` answers "may have records" for many ids at once, where such a collision only sends a row the
+careful way. This process's records not yet put are held as `Record`s until `settle` swaps them for the object
+that holds them, read back as any other.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import orjson
+
+from flowrl.outcomes import HostOutcome
+from flowrl.schema import ExecutionTrace
+from flowrl.segments import sidecar
+from flowrl.segments.sidecar import Record, Skip, tell
+
+RUN_BYTES = 32 * 1024
+_CACHED_RUNS = 8
+_PATCH, _OUTCOME, _MANUAL = 1, 2, 4
+_KIND_BITS = {"patch": _PATCH, "outcome": _OUTCOME}
+_SORT_AT = 4096  # records added since the index was sorted: looked up through a dict up to max(this, n / 16)
+_key = hash  # of a trace id, in this process (a test makes every id collide)
+
+
+class SideView:
+    """Every side record read so far and this process's pending ones, by trace id. Thread-safe."""
+
+    def __init__(self) -> None:
+        import pyarrow as pa
+
+        self._lock = threading.RLock()
+        self._codec = pa.Codec("zstd", compression_level=1)
+        self._locations: list[str] = []  # object number -> location
+        self._runs: list[bytes] = []  # compressed runs of lines
+        self._run_sizes = array("q")
+        # one entry per record
+        self._at, self._hash = array("q"), array("q")
+        self._object, self._number = array("i"), array("i")  # which object, which line of it (from 1)
+        self._run, self._offset, self._length = array("i"), array("i"), array("i")
+        self._flags = array("b")
+        # the index: hashes of records [0, len(_order)) sorted, with their record numbers; the rest in `_tail`
+        self._keys = np.empty(0, np.int64)
+        self._order = np.empty(0, np.int32)
+        self._kind_keys = {bit: np.empty(0, np.int64) for bit in _KIND_BITS.values()}
+        self._tail: dict[int, list[int]] = {}
+        self._tailed = 0  # records [len(_order), _tailed) are in `_tail`
+        self._pending: dict[str, list[Record]] = {}
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._at) + sum(map(len, self._pending.values()))
+
+    # -- adding --------------------------------------------------------------------------------------
+    def add_object(self, location: str, data: bytes, skip: Skip | None) -> None:
+        """The records of one side object; a line that is not one is reported through `skip` and passed over."""
+        with self._lock:
+            number = len(self._locations)
+            self._locations.append(location)
+            start = end = 0  # the open run: data[start:end], its lines' records added
+            for line_no, offset, line in _lines(data):
+                head = _head(line, f"{location} line {line_no}", location, skip)
+                if head is None:
+                    continue
+                if end > start and offset + len(line) - start > RUN_BYTES:
+                    self._close_run(data[start:end])
+                    start = offset
+                trace_id, at, flags = head
+                self._at.append(at)
+                self._hash.append(_key(trace_id))
+                self._object.append(number)
+                self._number.append(line_no)
+                self._run.append(len(self._runs))
+                self._offset.append(offset - start)
+                self._length.append(len(line))
+                self._flags.append(flags)
+                end = offset + len(line)
+            if end > start:
+                self._close_run(data[start:end])
+
+    def _close_run(self, text: bytes) -> None:
+        self._runs.append(self._codec.compress(text, asbytes=True))
+        self._run_sizes.append(len(text))
+
+    def add_pending(self, record: Record) -> None:
+        """A record this process holds but has not put yet."""
+        with self._lock:
+            self._pending.setdefault(record.trace_id, []).append(record)
+
+    def settle(self, records: list[Record], location: str, data: bytes) -> None:
+        """`records` (pending) were put as the object at `location` holding `data`: read from there from now on."""
+        with self._lock:
+            for record in records:
+                held = self._pending.get(record.trace_id, [])
+                held[:] = [r for r in held if r is not record]
+                if not held:
+                    self._pending.pop(record.trace_id, None)
+            self.add_object(location, data, None)
+
+    # -- finding -------------------------------------------------------------------------------------
+    def mask(self, ids: list[str], kind: str | None = None) -> Any:
+        """A numpy bool per id: whether it may have records (of `kind`); False means it has none."""
+        with self._lock:
+            self._sort()
+            keys = self._keys if kind is None else self._kind_keys[_KIND_BITS[kind]]
+            hashes = np.fromiter(map(_key, ids), np.int64, len(ids))
+            if len(keys):
+                out = keys[np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)] == hashes
+            else:
+                out = np.zeros(len(ids), dtype=bool)
+            if self._pending:
+                pending = self._pending
+                out |= np.fromiter(
+                    (any(kind in (None, r.kind) for r in pending.get(tid, ())) for tid in ids), bool, len(ids)
+                )
+            return out
+
+    def entries(self, trace_id: str) -> list[tuple[Record, dict[str, Any]]]:
+        """The records of `trace_id` in merge order (`at`, object, line), each with its body (freshly parsed)."""
+        with self._lock:
+            out = []
+            for i in self._found(_key(trace_id)):
+                line = self._line(i)
+                obj = orjson.loads(line)
+                if obj["trace_id"] != trace_id:  # another id with the same hash
+                    continue
+                flags = self._flags[i]
+                kind = "patch" if flags & _PATCH else "outcome"
+                where = (self._locations[self._object[i]], self._number[i])
+                record = Record(self._at[i], where, trace_id, kind, line, bool(flags & _MANUAL))
+                out.append((record, obj["fields" if kind == "patch" else "outcome"]))
+            out += [(r, r.body) for r in self._pending.get(trace_id, ())]
+        out.sort(key=lambda entry: entry[0])
+        return out
+
+    def single_patches(self, ids: list[str]) -> list[tuple[dict[str, Any], bool] | None]:
+        """For each id whose only record is a patch: its body and whether it is manual (what a scored store holds
+        for each trace, found for a segment's rows at once); None for the others (no record, or several)."""
+        with self._lock:
+            self._sort()
+            keys, order = self._keys, self._order
+            hashes = np.fromiter(map(_key, ids), np.int64, len(ids))
+            lo = np.searchsorted(keys, hashes)
+            one = (np.searchsorted(keys, hashes, "right") - lo) == 1
+            found = np.where(one, order[np.minimum(lo, len(order) - 1)] if len(order) else 0, -1).tolist()
+            out: list[tuple[dict[str, Any], bool] | None] = []
+            for trace_id, i in zip(ids, found, strict=True):
+                flags = self._flags[i] if i >= 0 else 0
+                obj = orjson.loads(self._line(i)) if flags & _PATCH and trace_id not in self._pending else None
+                if obj is None or obj["trace_id"] != trace_id:  # none, another kind, pending ones, or a collision
+                    out.append(None)
+                else:
+                    out.append((obj["fields"], bool(flags & _MANUAL)))
+            return out
+
+    def apply(self, trace: ExecutionTrace, origin: str, skip: Skip | None) -> ExecutionTrace:
+        """`trace` with its records merged (`sidecar.apply`)."""
+        return sidecar.apply(trace, self.entries(trace.trace_id), origin, skip)
+
+    def patched_fields(self, trace_id: str, base: dict[str, Any]) -> dict[str, Any] | None:
+        """`base` with the trace's patches merged, or None when it must be read whole (`sidecar.patched_fields`)."""
+        return sidecar.patched_fields(self.entries(trace_id), base)
+
+    def outcomes(self, trace_id: str, skip: Skip | None) -> list[HostOutcome]:
+        return sidecar.outcomes(self.entries(trace_id), skip)
+
+    def _found(self, key: int) -> list[int]:
+        """The records whose id hashes to `key`."""
+        total = len(self._at)
+        if total - len(self._order) > max(_SORT_AT, len(self._order) // 16):
+            self._sort()
+        for i in range(self._tailed, total):
+            self._tail.setdefault(self._hash[i], []).append(i)
+        self._tailed = total
+        lo = int(np.searchsorted(self._keys, key))
+        hi = lo
+        while hi < len(self._keys) and self._keys[hi] == key:
+            hi += 1
+        return [*self._order[lo:hi].tolist(), *self._tail.get(key, ())]
+
+    def _sort(self) -> None:
+        """Sort every record into the index (what `_tail` held too)."""
+        if len(self._order) == len(self._at):
+            return
+        hashes = np.frombuffer(self._hash, dtype=np.int64).copy()  # a copy: `array` cannot grow while exported
+        order = np.argsort(hashes, kind="stable")
+        self._keys, self._order = hashes[order], order.astype(np.int32)
+        flags = np.frombuffer(self._flags, dtype=np.int8)[order]
+        self._kind_keys = {bit: np.unique(self._keys[(flags & bit) != 0]) for bit in _KIND_BITS.values()}
+        self._tail, self._tailed = {}, len(self._at)
+
+    def _line(self, i: int) -> bytes:
+        run = self._run[i]
+        text = self._cache.get(run)
+        if text is None:
+            text = self._codec.decompress(self._runs[run], decompressed_size=self._run_sizes[run], asbytes=True)
+            self._cache[run] = text
+            if len(self._cache) > _CACHED_RUNS:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(run)
+        offset = self._offset[i]
+        return text[offset : offset + self._length[i]]
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """`(number from 1, offset, line)` of each line of `data` as `bytes.splitlines` cuts them (blank ones left out)."""
+    offset = 0
+    for number, line in enumerate(data.splitlines(keepends=True), 1):
+        text = line.rstrip(b"\r\n")
+        if text.strip():
+            yield number, offset, text
+        offset += len(line)
+
+
+def _head(line: bytes, where: str, location: str, skip: Skip | None) -> tuple[str, int, int] | None:
+    """`(trace_id, at, flags)` of a side record's line, or None (said through `skip`) when it is not one."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        tell(skip, location, f"{where}: not JSON, skipped")
+        return None
+    at = obj.get("at") if isinstance(obj, dict) else None
+    if (
+        isinstance(obj, dict)
+        and isinstance(obj.get("trace_id"), str)
+        and isinstance(at, int)
+        and -(2**63) <= at < 2**63
+    ):
+        kind = obj.get("kind")
+        if kind == "patch" and isinstance(obj.get("fields"), dict):
+            return obj["trace_id"], obj["at"], _PATCH | (_MANUAL if obj.get("manual") else 0)
+        if kind == "outcome" and isinstance(obj.get("outcome"), dict):
+            return obj["trace_id"], obj["at"], _OUTCOME
+    tell(skip, location, f"{where}: not a side record (patch or outcome), skipped")
+    return None
