@@ -5,6 +5,8 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import orjson
+import pyarrow as pa
 import pytest
 
 from flowrl.segments import sideview
@@ -127,16 +129,112 @@ def test_lines_that_are_not_records_are_said_once_and_skipped(tmp_path: Path) ->
     assert record.where == ("s.jsonl", 6) and body["reward_score"] == 0.5
 
 
-def test_single_patches_gives_the_only_patch_of_each_id_and_none_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_records_are_the_only_plain_patch_of_each_id(monkeypatch: pytest.MonkeyPatch) -> None:
     view = SideView()
     outcome = b'{"kind":"outcome","trace_id":"o","at":1,"outcome":{"kind":"x"}}\n'
-    view.add_object("a.jsonl", _score("one", 0.7, 1) + _score("two", 0.1, 2) + _score("two", 0.2, 3) + outcome, None)
+    query = patch_line("q", {"query": "other"}, False, 1)  # a field the columns do not stand for
+    data = _score("one", 0.7, 1) + _score("two", 0.1, 2) + _score("two", 0.2, 3) + outcome + query
+    view.add_object("a.jsonl", data, None)
     view.add_pending(Record(4, ("pending", 0), "held", "patch", _score("held", 0.5, 4)))
     view.add_object("b.jsonl", _score("held", 0.4, 2), None)
-    found = view.single_patches(["one", "two", "o", "held", "none"])
-    assert found[0] is not None and found[0][0]["reward_score"] == 0.7 and found[0][1] is False
-    assert found[1:] == [None, None, None, None]  # several, an outcome, one put and one pending, nothing
+    found = view.plain_records(["one", "two", "o", "q", "held", "none"]).tolist()
+    assert found[0] == 0 and view.fields(found[0])["reward_score"] == 0.7
+    assert found[1:] == [-1] * 5  # several, an outcome, not plain, one put and one pending, nothing
     monkeypatch.setattr(sideview, "_key", lambda trace_id: 7)
     crowded = SideView()
     crowded.add_object("c.jsonl", _score("x", 0.1, 1), None)
-    assert crowded.single_patches(["y"]) == [None]  # x's record, found by y's hash, is not y's
+    assert crowded.plain_records(["y", "x"]).tolist() == [-1, 0]  # x's record, found by y's hash, is not y's
+
+
+VALUES = {
+    "label": [None, True, False],
+    "label_source": [None, "manual", "engine"],
+    "manual_review": [True, False],
+    "reward_score": [None, 0.25, 1, 0.75],
+    "rewards": [{}, {"tool_success": 0.5, "host_outcome": None}, {"code": 0}],
+    "review_notes": [None, "checked"],
+    "reward_details": [None, {"tool_success": {"calls": 2}}],
+}
+
+
+def test_plain_patches_merged_in_bulk_as_one_by_one() -> None:
+    """`plain.merge_columns` gives what `sidecar.merge_patch` gives, for every kind of base and patch: a person's
+    label kept against a patch that is not manual, the patch's values winning otherwise."""
+    import random
+
+    from flowrl.segments.plain import COLUMNS, merge_columns
+    from flowrl.segments.sidecar import merge_patch
+
+    rng = random.Random(5)
+    view = SideView()
+    ids, bases, patches = [], [], []
+    for i in range(600):
+        base = {name: rng.choice(VALUES[name]) for name in COLUMNS}
+        fields = {name: rng.choice(VALUES[name]) for name in VALUES if rng.random() < 0.5}
+        manual = rng.random() < 0.3
+        ids.append(f"t{i}")
+        bases.append(base)
+        patches.append((fields, manual))
+        view.add_object(f"s{i}.jsonl", patch_line(f"t{i}", fields, manual, i), None)
+    columns = {name: [base[name] for base in bases] for name in COLUMNS}
+    table = pa.table(
+        {
+            **{
+                name: pa.array(columns[name], type=pa.float64() if name == "reward_score" else None) for name in COLUMNS
+            },
+            "rewards": [orjson.dumps(r).decode() for r in columns["rewards"]],  # JSON text, as a segment holds them
+        }
+    )
+    merged, out = merge_columns(view, ids, table)
+    assert merged.all() and out is not None
+    for i, (base, (fields, manual)) in enumerate(zip(bases, patches, strict=True)):
+        want = dict(base)
+        merge_patch(want, dict(fields), manual)
+        got = {name: out[name][i] for name in COLUMNS}
+        rewards = orjson.loads(got["rewards"]) if isinstance(got["rewards"], str) else dict(got["rewards"])
+        assert rewards == want["rewards"], (base, fields, manual)
+        assert {**got, "rewards": None} == {**{k: want[k] for k in COLUMNS}, "rewards": None}, (base, fields, manual)
+        assert type(got["reward_score"]) is type(None if want["reward_score"] is None else 0.0)
+        assert type(got["manual_review"]) is bool
+    odd = table.slice(0, 1).set_column(1, "label_source", pa.array(["bot"]))  # a source the trace model refuses
+    assert merge_columns(view, ids[:1], odd)[0].tolist() == [False]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"label": 1},
+        {"label": "true"},
+        {"label_source": "bot"},
+        {"manual_review": None},
+        {"reward_score": "0.5"},
+        {"reward_score": True},
+        {"rewards": [0.5]},
+        {"rewards": {"a": "high"}},
+        {"rewards": {"a": False}},
+        {"review_notes": 3},
+        {"reward_details": []},
+        {"success": "yes"},
+        {"status": 1},
+        {"facts": {}},
+        {"query": "a field the columns do not stand for"},
+        {"reward_score": 0.5, "reward_details": {}, "status": None, "steps": []},
+    ],
+)
+def test_a_patch_with_a_value_the_trace_model_refuses_or_another_field_is_not_plain(fields: dict[str, object]) -> None:
+    from flowrl.segments.plain import codes, is_plain
+
+    assert codes(fields) is None and not is_plain(fields)
+
+
+def test_plain_codes_say_what_a_patch_sets() -> None:
+    from flowrl.segments.plain import codes
+
+    assert codes({}) == (0, pytest.approx(float("nan"), nan_ok=True))
+    every = {"label": True, "label_source": "manual", "manual_review": False, "reward_score": 1, "rewards": {}}
+    extras = {"review_notes": None, "reward_details": {}, "success": True, "status": "done", "facts": None}
+    assert codes({**every, **extras, "trace_id": "t"}) == (3 | 2 << 2 | 2 << 4, 1.0)
+    assert codes({"label": None, "label_source": None, "reward_score": None}) == (
+        1 | 1 << 2,
+        pytest.approx(float("nan"), nan_ok=True),
+    )

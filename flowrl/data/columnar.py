@@ -13,11 +13,14 @@ outcomes, or with a side record that changes more than its labels and rewards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+
+from flowrl.segments.plain import COLUMNS, FIELDS, is_plain
 
 if TYPE_CHECKING:
     from flowrl.segments.columns import ColumnRows
@@ -43,18 +46,7 @@ SCALARS = [
     "llm_calls",
 ]
 # what a side record may change for a row to be built from its columns (the rest need the whole trace)
-PATCHABLE = (
-    "label",
-    "label_source",
-    "manual_review",
-    "review_notes",
-    "reward_score",
-    "rewards",
-    "reward_details",
-    "facts",
-    "success",
-    "status",
-)
+PATCHABLE = tuple(name for name in FIELDS if name != "trace_id")
 
 
 def reason_not(builder: Any, store: Any, pipeline: Any) -> str | None:
@@ -86,7 +78,7 @@ class RowView:
     label_source: str | None
     manual_review: bool
     reward_score: float | None
-    rewards: dict[str, Any]
+    rewards: Mapping[str, Any] | str  # JSON text as stored, or a patch's (`flowrl.segments.plain.PatchRewards`)
     group_key: str | None
     query_key: str
     outcomes: tuple[()] = ()
@@ -97,7 +89,7 @@ class RowView:
 # the listing, and `conv_steps` is read as its length
 DECIDED = [c for c in SCALARS if c not in ("agent_name", "session_id", "source", "conv_steps", "llm_calls")]
 # the columns of a `Decided` row that its label and reward patches replace
-PATCHED_COLUMNS = ("label", "label_source", "manual_review", "reward_score", "rewards")
+PATCHED_COLUMNS = COLUMNS
 
 
 @dataclass
@@ -134,96 +126,104 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
         # read whole: no chat derived (all its columns null), or captured token ids (they are in the trace)
         whole = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
         whole = whole.to_numpy(zero_copy_only=False)
-        slow = whole
-        views: dict[int, RowView | None] = {}  # rows with side records: label and reward patches merged
+        cols: dict[str, list[Any]] | None = None  # every scalar column, its rows with side records merged
+        apart: dict[int, RowView | None] = {}  # rows with side records to read whole (None), or ruled out
         sided = store.side_mask(table.column("trace_id").to_pylist()) & ~whole  # a scored store: every row
         if sided.any():
             cols = {name: table.column(name).to_pylist() for name in SCALARS}
-            rows = np.flatnonzero(sided).tolist()
-            views = dict(zip(rows, _views(store, cols, rows), strict=True))
-            for at, view in views.items():  # decided with the others when the filter keeps it
-                sided[at] = view is None or not flt.matches(view)
-            slow = whole | sided
+            apart = _merge(store, table, cols, np.flatnonzero(sided).tolist(), flt)
         start = 0
-        for at in [*np.flatnonzero(slow).tolist(), table.num_rows]:
+        for at in [*sorted(apart.keys() | set(np.flatnonzero(whole).tolist())), table.num_rows]:
             if at > start:
-                yield _decided(batch, table, start, at, views)
+                yield _decided(batch, table, start, at, cols)
             if at == table.num_rows:
                 break
-            yield batch.refs[at], None if whole[at] else views[at]  # read whole, or ruled out
+            yield batch.refs[at], None if whole[at] else apart[at]  # read whole, or ruled out
             start = at + 1
 
 
-def _decided(batch: ColumnRows, table: Any, start: int, end: int, views: dict[int, RowView | None]) -> Decided:
-    """Rows `start` to `end` of a segment's listed rows, with the patched fields of those in `views` (`rewards`
-    then a dict, not JSON text)."""
+def _decided(batch: ColumnRows, table: Any, start: int, end: int, cols: dict[str, list[Any]] | None) -> Decided:
+    """Rows `start` to `end` of a segment's listed rows; `cols`: all its rows' scalar columns with their patches
+    merged (`rewards` then a mapping, not JSON text), when some have side records."""
     import pyarrow.compute as pc
 
     part = table.slice(start, end - start)
-    cols = {name: part.column(name).to_pylist() for name in DECIDED}
-    cols["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
-    for at in range(start, end) if views else ():
-        view = views.get(at)
-        if view is not None:
-            for name in PATCHED_COLUMNS:
-                cols[name][at - start] = getattr(view, name)
+    if cols is None:
+        decided = {name: part.column(name).to_pylist() for name in DECIDED}
+    else:
+        decided = {name: cols[name][start:end] for name in DECIDED}
+    decided["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
     index = batch.index or []
-    return Decided(batch, index[start:end], cols)
+    return Decided(batch, index[start:end], decided)
 
 
-def _views(store: Any, cols: dict[str, list[Any]], rows: list[int]) -> list[RowView | None]:
-    """The `RowView` of each of `rows` (with side records) with its patches merged, or None for a row that must be
-    read whole (a patch to another field, a host outcome, or a value the trace model would refuse: the whole read
-    then says so)."""
-    bases = []
-    for i in rows:
-        base = dict.fromkeys(PATCHABLE)
-        base.update(
-            label=cols["label"][i],
-            label_source=cols["label_source"][i],
-            manual_review=bool(cols["manual_review"][i]),
-            reward_score=cols["reward_score"][i],
-            rewards=orjson.loads(cols["rewards"][i]),
-        )
-        bases.append(base)
+def _merge(store: Any, table: Any, cols: dict[str, list[Any]], rows: list[int], flt: Any) -> dict[int, RowView | None]:
+    """Merge the patches of `rows` (with side records) into `cols`: plain ones in bulk (`store.merged_columns`),
+    the rest one by one. Returns the rows not to be decided from their columns: None to read whole (a patch to
+    another field, a host outcome, or a value the trace model would refuse: the whole read then says so), or the
+    view of a row `flt` rules out."""
+    every = len(rows) == table.num_rows  # a scored store's segment
+    base = table.select(PATCHED_COLUMNS) if every else table.take(rows).select(PATCHED_COLUMNS)
     ids = cols["trace_id"]
-    merged = store.merged_many([ids[i] for i in rows], bases)
-    return [None if m is None or not _valid(m) else _view(cols, i, m) for i, m in zip(rows, merged, strict=True)]
+    merged, values = store.merged_columns(ids if every else [ids[i] for i in rows], base)
+    merged = merged.tolist()
+    if values is not None and every and all(merged):
+        cols.update(values)
+    elif values is not None:
+        for name in PATCHED_COLUMNS:
+            column, new = cols[name], values[name]
+            for j, i in enumerate(rows):
+                if merged[j]:
+                    column[i] = new[j]
+    filtered = dataclasses.replace(flt, since=None, until=None) != type(flt)()  # a filter on these columns
+    apart: dict[int, RowView | None] = {}
+    for j, i in enumerate(rows):
+        if merged[j]:
+            view = _view(cols, i) if filtered else None
+        else:
+            view = _one_by_one(store, cols, i)
+            if view is None:
+                apart[i] = None
+                continue
+            for name in PATCHED_COLUMNS:
+                cols[name][i] = getattr(view, name)
+        if view is not None and not flt.matches(view):
+            apart[i] = view
+    return apart
 
 
-def _valid(merged: dict[str, Any]) -> bool:
-    score, rewards = merged["reward_score"], merged["rewards"]
-    return (
-        merged["label"] in (None, True, False)
-        and merged["label_source"] in (None, "manual", "engine")
-        and isinstance(merged["manual_review"], bool)
-        and (score is None or _number(score))
-        and isinstance(rewards, dict)
-        and all(isinstance(k, str) and (v is None or _number(v)) for k, v in rewards.items())
-        and (merged["success"] is None or isinstance(merged["success"], bool))
-        and (merged["status"] is None or isinstance(merged["status"], str))
-        and (merged["review_notes"] is None or isinstance(merged["review_notes"], str))
-        and (merged["reward_details"] is None or isinstance(merged["reward_details"], dict))
-        and merged["facts"] is None
+def _one_by_one(store: Any, cols: dict[str, list[Any]], i: int) -> RowView | None:
+    """Row `i`'s view with its patches merged (`store.merged_fields`), or None when it must be read whole."""
+    base = dict.fromkeys(PATCHABLE)
+    base.update(
+        label=cols["label"][i],
+        label_source=cols["label_source"][i],
+        manual_review=bool(cols["manual_review"][i]),
+        reward_score=cols["reward_score"][i],
+        rewards=orjson.loads(cols["rewards"][i]),
     )
-
-
-def _view(cols: dict[str, list[Any]], i: int, merged: dict[str, Any]) -> RowView:
+    merged = store.merged_fields(cols["trace_id"][i], base)
+    if merged is None or not is_plain(merged):
+        return None
     score = merged["reward_score"]
+    merged["reward_score"] = None if score is None else float(score)
+    merged["rewards"] = {k: None if v is None else float(v) for k, v in merged["rewards"].items()}
+    return _view(cols, i, merged)
+
+
+def _view(cols: dict[str, list[Any]], i: int, merged: dict[str, Any] | None = None) -> RowView:
+    """Row `i`'s view: its patched columns from `merged` when given, else from `cols` (merged into them)."""
+    patched = {name: cols[name][i] for name in PATCHED_COLUMNS} if merged is None else merged
     return RowView(
         trace_id=cols["trace_id"][i],
         agent_name=cols["agent_name"][i],
         session_id=cols["session_id"][i],
         source=cols["source"][i],
-        label=merged["label"],
-        label_source=merged["label_source"],
-        manual_review=merged["manual_review"],
-        reward_score=None if score is None else float(score),
-        rewards={k: None if v is None else float(v) for k, v in merged["rewards"].items()},
+        label=patched["label"],
+        label_source=patched["label_source"],
+        manual_review=patched["manual_review"],
+        reward_score=patched["reward_score"],
+        rewards=patched["rewards"],
         group_key=cols["group_key"][i],
         query_key=cols["query_key"][i],
     )
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

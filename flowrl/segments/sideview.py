@@ -16,6 +16,7 @@ that holds them, read back as any other.
 
 from __future__ import annotations
 
+import math
 import threading
 from array import array
 from collections import OrderedDict
@@ -27,19 +28,27 @@ import orjson
 
 from flowrl.outcomes import HostOutcome
 from flowrl.schema import ExecutionTrace
-from flowrl.segments import sidecar
+from flowrl.segments import plain, sidecar
 from flowrl.segments.sidecar import Record, Skip, tell
 
 RUN_BYTES = 32 * 1024
 _CACHED_RUNS = 8
-_PATCH, _OUTCOME, _MANUAL = 1, 2, 4
+_PATCH, _OUTCOME, _MANUAL, _PLAIN, _SCORE, _REWARDS = 1, 2, 4, 8, 16, 32  # a record's flags (PLAIN: `plain`)
 _KIND_BITS = {"patch": _PATCH, "outcome": _OUTCOME}
 _SORT_AT = 4096  # records added since the index was sorted: looked up through a dict up to max(this, n / 16)
 _key = hash  # of a trace id, in this process (a test makes every id collide)
 
 
+def _check(trace_id: str) -> int:
+    """A second hash of a trace id, independent of `_key`: a record found by `_key` without its line being parsed
+    is the id's when both agree (`plain_records`); `hash` is keyed per process, so ids cannot be made to collide."""
+    return hash(trace_id + "\x00")
+
+
 class SideView:
     """Every side record read so far and this process's pending ones, by trace id. Thread-safe."""
+
+    MANUAL, SCORE, REWARDS = _MANUAL, _SCORE, _REWARDS
 
     def __init__(self) -> None:
         import pyarrow as pa
@@ -54,6 +63,8 @@ class SideView:
         self._object, self._number = array("i"), array("i")  # which object, which line of it (from 1)
         self._run, self._offset, self._length = array("i"), array("i"), array("i")
         self._flags = array("b")
+        self._check = array("q")
+        self._sets, self._score = array("B"), array("d")  # what a plain patch sets (`plain.codes`)
         # the index: hashes of records [0, len(_order)) sorted, with their record numbers; the rest in `_tail`
         self._keys = np.empty(0, np.int64)
         self._order = np.empty(0, np.int32)
@@ -72,26 +83,42 @@ class SideView:
         with self._lock:
             number = len(self._locations)
             self._locations.append(location)
+            rows: list[tuple[int, int, int, int, int, int, int, int, float, int]] = []  # as `_per_record`
+            run = len(self._runs)
             start = end = 0  # the open run: data[start:end], its lines' records added
             for line_no, offset, line in _lines(data):
-                head = _head(line, f"{location} line {line_no}", location, skip)
+                head = _head(line, line_no, location, skip)
                 if head is None:
                     continue
                 if end > start and offset + len(line) - start > RUN_BYTES:
                     self._close_run(data[start:end])
-                    start = offset
-                trace_id, at, flags = head
-                self._at.append(at)
-                self._hash.append(_key(trace_id))
-                self._object.append(number)
-                self._number.append(line_no)
-                self._run.append(len(self._runs))
-                self._offset.append(offset - start)
-                self._length.append(len(line))
-                self._flags.append(flags)
+                    start, run = offset, run + 1
+                trace_id, at, flags, sets, score = head
+                rows.append(
+                    (at, _key(trace_id), _check(trace_id), flags, sets, run, offset - start, len(line), score, line_no)
+                )
                 end = offset + len(line)
             if end > start:
                 self._close_run(data[start:end])
+            if rows:
+                for column, values in zip(self._per_record(), zip(*rows, strict=True), strict=True):
+                    column.extend(values)
+                self._object.extend(array("i", [number]) * len(rows))
+
+    def _per_record(self) -> tuple[array[Any], ...]:
+        """The arrays with an entry per record but `_object`, in the order `add_object` fills them."""
+        return (
+            self._at,
+            self._hash,
+            self._check,
+            self._flags,
+            self._sets,
+            self._run,
+            self._offset,
+            self._length,
+            self._score,
+            self._number,
+        )
 
     def _close_run(self, text: bytes) -> None:
         self._runs.append(self._codec.compress(text, asbytes=True))
@@ -120,7 +147,7 @@ class SideView:
             keys = self._keys if kind is None else self._kind_keys[_KIND_BITS[kind]]
             hashes = np.fromiter(map(_key, ids), np.int64, len(ids))
             if len(keys):
-                out = keys[np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)] == hashes
+                out = keys[np.minimum(_search(keys, hashes), len(keys) - 1)] == hashes
             else:
                 out = np.zeros(len(ids), dtype=bool)
             if self._pending:
@@ -148,25 +175,41 @@ class SideView:
         out.sort(key=lambda entry: entry[0])
         return out
 
-    def single_patches(self, ids: list[str]) -> list[tuple[dict[str, Any], bool] | None]:
-        """For each id whose only record is a patch: its body and whether it is manual (what a scored store holds
-        for each trace, found for a segment's rows at once); None for the others (no record, or several)."""
+    def plain_records(self, ids: list[str]) -> Any:
+        """For each id whose only record is a plain patch (`flowrl.segments.plain`): that record's number, found
+        without its line being read (for a segment's rows at once); -1 for the others (no record, several, or
+        another kind: merged one by one). A numpy array."""
         with self._lock:
             self._sort()
-            keys, order = self._keys, self._order
-            hashes = np.fromiter(map(_key, ids), np.int64, len(ids))
-            lo = np.searchsorted(keys, hashes)
-            one = (np.searchsorted(keys, hashes, "right") - lo) == 1
-            found = np.where(one, order[np.minimum(lo, len(order) - 1)] if len(order) else 0, -1).tolist()
-            out: list[tuple[dict[str, Any], bool] | None] = []
-            for trace_id, i in zip(ids, found, strict=True):
-                flags = self._flags[i] if i >= 0 else 0
-                obj = orjson.loads(self._line(i)) if flags & _PATCH and trace_id not in self._pending else None
-                if obj is None or obj["trace_id"] != trace_id:  # none, another kind, pending ones, or a collision
-                    out.append(None)
-                else:
-                    out.append((obj["fields"], bool(flags & _MANUAL)))
-            return out
+            keys, order, n = self._keys, self._order, len(ids)
+            if not len(keys):
+                return np.full(n, -1, dtype=np.int64)
+            hashes = np.fromiter(map(_key, ids), np.int64, n)
+            lo = np.minimum(_search(keys, hashes), n_keys := len(keys) - 1)
+            found = order[lo]
+            flags = np.frombuffer(self._flags, dtype=np.int8)[found]
+            checks = np.frombuffer(self._check, dtype=np.int64)[found]
+            one = (keys[lo] == hashes) & ((lo == n_keys) | (keys[np.minimum(lo + 1, n_keys)] != hashes))
+            ok = one & (flags & (_PATCH | _PLAIN) == _PATCH | _PLAIN)
+            ok &= checks == np.fromiter(map(_check, ids), np.int64, n)
+            if self._pending:
+                ok &= ~np.fromiter((tid in self._pending for tid in ids), bool, n)
+            return np.where(ok, found, -1)
+
+    def columns(self, records: Any) -> tuple[Any, Any, Any]:
+        """The flags, `plain.codes` and scores of `records` (numpy arrays; where a record is -1: meaningless)."""
+        with self._lock:
+            at = np.maximum(records, 0)
+            flags = np.frombuffer(self._flags, dtype=np.int8)[at]
+            sets = np.frombuffer(self._sets, dtype=np.uint8)[at]
+            scores = np.frombuffer(self._score, dtype=np.float64)[at]
+            return flags, sets, scores
+
+    def fields(self, record: int) -> dict[str, Any]:
+        """A patch's fields, parsed from its line."""
+        with self._lock:
+            fields: dict[str, Any] = orjson.loads(self._line(record))["fields"]
+            return fields
 
     def apply(self, trace: ExecutionTrace, origin: str, skip: Skip | None) -> ExecutionTrace:
         """`trace` with its records merged (`sidecar.apply`)."""
@@ -201,7 +244,10 @@ class SideView:
         order = np.argsort(hashes, kind="stable")
         self._keys, self._order = hashes[order], order.astype(np.int32)
         flags = np.frombuffer(self._flags, dtype=np.int8)[order]
-        self._kind_keys = {bit: np.unique(self._keys[(flags & bit) != 0]) for bit in _KIND_BITS.values()}
+        self._kind_keys = {}
+        for bit in _KIND_BITS.values():  # sorted too; a store of scores only: the same array
+            kind = (flags & bit) != 0
+            self._kind_keys[bit] = self._keys if kind.all() else self._keys[kind]
         self._tail, self._tailed = {}, len(self._at)
 
     def _line(self, i: int) -> bytes:
@@ -218,22 +264,32 @@ class SideView:
         return text[offset : offset + self._length[i]]
 
 
+def _search(keys: Any, hashes: Any) -> Any:
+    """`np.searchsorted(keys, hashes)`, the needles sorted first: a segment's ids hash all over the index, and
+    sorted they walk it in one direction (fewer cache misses: `keys` is 8 MB at a million records)."""
+    order = np.argsort(hashes)
+    out = np.empty(len(hashes), dtype=np.int64)
+    out[order] = np.searchsorted(keys, hashes[order])
+    return out
+
+
 def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     """`(number from 1, offset, line)` of each line of `data` as `bytes.splitlines` cuts them (blank ones left out)."""
     offset = 0
     for number, line in enumerate(data.splitlines(keepends=True), 1):
         text = line.rstrip(b"\r\n")
-        if text.strip():
+        if text and not text.isspace():
             yield number, offset, text
         offset += len(line)
 
 
-def _head(line: bytes, where: str, location: str, skip: Skip | None) -> tuple[str, int, int] | None:
-    """`(trace_id, at, flags)` of a side record's line, or None (said through `skip`) when it is not one."""
+def _head(line: bytes, line_no: int, location: str, skip: Skip | None) -> tuple[str, int, int, int, float] | None:
+    """`(trace_id, at, flags, sets, score)` of a side record's line (the last two: what a plain patch sets, as
+    `plain.codes` gives them), or None (said through `skip`) when it is not one."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        tell(skip, location, f"{where}: not JSON, skipped")
+        tell(skip, location, f"{location} line {line_no}: not JSON, skipped")
         return None
     at = obj.get("at") if isinstance(obj, dict) else None
     if (
@@ -243,9 +299,15 @@ def _head(line: bytes, where: str, location: str, skip: Skip | None) -> tuple[st
         and -(2**63) <= at < 2**63
     ):
         kind = obj.get("kind")
-        if kind == "patch" and isinstance(obj.get("fields"), dict):
-            return obj["trace_id"], obj["at"], _PATCH | (_MANUAL if obj.get("manual") else 0)
+        fields = obj.get("fields")
+        if kind == "patch" and isinstance(fields, dict):
+            flags = _PATCH | (_MANUAL if obj.get("manual") else 0)
+            sets = plain.codes(fields)
+            if sets is None:
+                return obj["trace_id"], at, flags, 0, math.nan
+            flags |= _PLAIN | (_SCORE if "reward_score" in fields else 0) | (_REWARDS if "rewards" in fields else 0)
+            return obj["trace_id"], at, flags, *sets
         if kind == "outcome" and isinstance(obj.get("outcome"), dict):
-            return obj["trace_id"], obj["at"], _OUTCOME
-    tell(skip, location, f"{where}: not a side record (patch or outcome), skipped")
+            return obj["trace_id"], at, _OUTCOME, 0, math.nan
+    tell(skip, location, f"{location} line {line_no}: not a side record (patch or outcome), skipped")
     return None

@@ -35,14 +35,14 @@ from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.facts import is_manual_label
 from flowrl.outcomes import HostOutcome
 from flowrl.schema import ExecutionTrace
-from flowrl.segments import lifecycle, names
+from flowrl.segments import lifecycle, names, plain
 from flowrl.segments.catalog import Catalog, Ref, ScanStats, SegmentRows
 from flowrl.segments.columns import ColumnRows, scan
 from flowrl.segments.format import encode
 from flowrl.segments.fs import Root, RootURL, protocols
 from flowrl.segments.problems import ProblemRecords
 from flowrl.segments.pushdown import row_filter
-from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, merge_patch, outcome_line, patch_line
+from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
 from flowrl.store import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
 
 log = logging.getLogger(__name__)
@@ -379,23 +379,11 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
             return None
         return self._catalog.view.patched_fields(trace_id, base)
 
-    def merged_many(self, ids: list[str], bases: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        """`merged_fields` for many rows (a segment's patched rows): a trace whose only record is a patch, as a
-        scored store's are, is found and merged without its records being sorted one by one."""
-        legacy = self._catalog.legacy_outcome_ids
-        out: list[dict[str, Any] | None] = []
-        for trace_id, base, single in zip(ids, bases, self._catalog.view.single_patches(ids), strict=True):
-            if single is None or trace_id in legacy:
-                out.append(self.merged_fields(trace_id, base))
-                continue
-            fields, manual = single
-            if any(name not in base for name in fields if name != "trace_id"):
-                out.append(None)
-                continue
-            data = dict(base)
-            merge_patch(data, fields, manual)
-            out.append(data)
-        return out
+    def merged_columns(self, ids: list[str], base: Any) -> tuple[Any, dict[str, list[Any]] | None]:
+        """Label and score columns of rows with side records (`base`, a pyarrow table) with each trace's patch
+        merged where its only record is a plain one, as a scored store's are (`flowrl.segments.plain.merge_columns`:
+        which rows, and the columns as lists); the others go through `merged_fields` one by one."""
+        return plain.merge_columns(self._catalog.view, ids, base, self._catalog.legacy_outcome_ids)
 
     def count(self) -> int:
         self.flush()

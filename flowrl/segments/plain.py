@@ -1,0 +1,185 @@
+"""Plain patches: side records that set only scores and labels, merged onto a segment's columns in bulk.
+
+A scored store has a patch per trace (`flowrl score`: `reward_score`, `rewards`, `reward_details`, `label`,
+`label_source`), and a build reads every trace's label and score: merged one trace at a time (its records
+found, parsed and applied as `sidecar.apply` does), that was ~35 µs a trace, more than the rest of the build.
+A patch is *plain* when it sets only the fields below, with values the trace model takes. `SideView` reads what
+a plain patch sets among the segment's columns (`label`, `label_source`, `manual_review`, `reward_score`;
+`rewards` is read when used) as it lists the store, and `merge_columns` merges a segment's rows at once, as
+`sidecar.merge_patch` would: the patch's values win, a person's label stays against a patch that is not manual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowrl.segments.sideview import SideView
+
+# the columns a plain patch's values are merged onto, as a build reads them
+COLUMNS = ("label", "label_source", "manual_review", "reward_score", "rewards")
+# a column value's code (0: the patch does not set it)
+LABELS: tuple[Any, ...] = (None, None, False, True)
+SOURCES: tuple[Any, ...] = (None, None, "manual", "engine")
+
+
+# the fields a plain patch may set: the columns, and fields no column a build reads depends on (and its own id)
+FIELDS = (*COLUMNS, "review_notes", "reward_details", "success", "status", "facts", "trace_id")
+_NUMBERS = (int, float)  # by exact type: JSON's values (and the columns') are never subclasses; a bool is not one
+
+
+def is_plain(fields: dict[str, Any]) -> bool:
+    """Whether `fields` (a patch's, or a merged trace's) set only `FIELDS`, with values the trace model takes."""
+    return codes(fields) is not None
+
+
+def codes(fields: dict[str, Any]) -> tuple[int, float] | None:
+    """What plain `fields` set among `COLUMNS` but rewards, or None when they are not plain: the label, label source
+    and review flag's codes in one byte (2 bits each: 0 not set, else the index into `LABELS`/`SOURCES`, 2/3 for
+    False/True), and the score (NaN when not set or None: JSON has no NaN). It runs for every side record a listing
+    reads: a lookup per column, not a loop over the fields."""
+    get, code, score, seen = fields.get, 0, math.nan, 0
+    label = get("label", _ABSENT)
+    if label is not _ABSENT:
+        if label is not None and type(label) is not bool:
+            return None
+        code, seen = LABELS.index(label, 1), 1
+    source = get("label_source", _ABSENT)
+    if source is not _ABSENT:
+        if source is not None and source != "manual" and source != "engine":
+            return None
+        code, seen = code | SOURCES.index(source, 1) << 2, seen + 1
+    review = get("manual_review", _ABSENT)
+    if review is not _ABSENT:
+        if type(review) is not bool:
+            return None
+        code, seen = code | (3 if review else 2) << 4, seen + 1
+    value = get("reward_score", _ABSENT)
+    if value is not _ABSENT:
+        if value is not None:
+            if type(value) not in _NUMBERS:
+                return None
+            score = float(value)
+        seen += 1
+    rewards = get("rewards", _ABSENT)
+    if rewards is not _ABSENT:
+        if type(rewards) is not dict:
+            return None
+        for reward in rewards.values():  # keys: JSON's are strings
+            if reward is not None and type(reward) not in _NUMBERS:
+                return None
+        seen += 1
+    others = len(fields) - seen
+    if others:
+        details = get("reward_details", _ABSENT)  # what `flowrl score` sets besides the columns
+        if details is not _ABSENT:
+            if details is not None and type(details) is not dict:
+                return None
+            others -= 1
+        if others and not all(_OTHERS.get(name, _no)(fields[name]) for name in fields.keys() - _SEEN):
+            return None
+    return code, score
+
+
+_ABSENT = object()
+
+
+def _no(value: Any) -> bool:
+    return False
+
+
+_SEEN = {*COLUMNS, "reward_details"}
+_OTHERS: dict[str, Callable[[Any], bool]] = {  # the rest of `FIELDS`, and what each takes
+    "review_notes": lambda v: v is None or type(v) is str,
+    "status": lambda v: v is None or type(v) is str,
+    "success": lambda v: v is None or type(v) is bool,
+    "facts": lambda v: v is None,
+    "trace_id": lambda v: True,  # a patch's own id, never applied
+}
+
+
+class PatchRewards(Mapping[str, float | None]):
+    """A plain patch's `rewards`, read from its record when first used (a build mostly needs only the label)."""
+
+    __slots__ = ("_record", "_value", "_view")
+
+    def __init__(self, view: SideView, record: int) -> None:
+        self._view, self._record = view, record
+        self._value: dict[str, float | None] | None = None
+
+    def _load(self) -> dict[str, float | None]:
+        if self._value is None:
+            rewards = self._view.fields(self._record)["rewards"]
+            self._value = {k: None if v is None else float(v) for k, v in rewards.items()}
+        return self._value
+
+    def __getitem__(self, name: str) -> float | None:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+def merge_columns(
+    view: SideView, ids: list[str], base: Any, exclude: Collection[str] = ()
+) -> tuple[Any, dict[str, list[Any]] | None]:
+    """Merge plain patches onto `base` (a pyarrow table of the `COLUMNS` of rows with side records, `ids` theirs),
+    with numpy, for the rows whose only record is one and not in `exclude`. Returns which rows were merged (numpy
+    bools) and every row's `COLUMNS` as lists (a row not merged as it was: merged one by one), or None when none
+    was. `rewards` of a merged row whose patch sets them: `PatchRewards`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    records = view.plain_records(ids)
+    if exclude:
+        records[np.fromiter((tid in exclude for tid in ids), bool, len(ids))] = -1
+    merged = records >= 0
+    if not merged.any():
+        return merged, None
+    flags, sets, scores = view.columns(records)
+
+    def numpy(array: Any) -> Any:
+        return array.to_numpy(zero_copy_only=False)
+
+    label, source = base.column("label"), base.column("label_source")
+    is_manual, is_engine = (
+        numpy(pc.equal(source, "manual").fill_null(False)),
+        numpy(pc.equal(source, "engine").fill_null(False)),
+    )
+    merged &= numpy(source.is_null()) | is_manual | is_engine  # a label source the trace model would refuse: one by one
+    base_label = np.where(numpy(label.is_null()), 1, 2 + numpy(label.fill_null(False)).astype(np.int8))
+    base_source = np.where(is_manual, 2, np.where(is_engine, 3, 1))
+    base_review = numpy(base.column("manual_review").fill_null(False))
+    base_manual = (base_label != 1) & (is_manual | ((base_source == 1) & base_review))
+    review_too = merged & (((flags & view.MANUAL) != 0) | ~base_manual)  # a person's label stays otherwise
+    new_label, new_source, new_review = sets & 3, (sets >> 2) & 3, (sets >> 4) & 3
+    score = np.array(base.column("reward_score").to_pylist(), dtype=object)
+    patched_score = merged & ((flags & view.SCORE) != 0)
+    score[patched_score] = np.where(np.isnan(scores), None, scores.astype(object))[patched_score]
+    rewards = base.column("rewards").to_pylist()
+    for i in np.flatnonzero(merged & ((flags & view.REWARDS) != 0)).tolist():
+        rewards[i] = PatchRewards(view, int(records[i]))
+    out = {
+        "label": _LABELS[np.where(review_too & (new_label != 0), new_label, base_label)].tolist(),
+        "label_source": _SOURCES[np.where(review_too & (new_source != 0), new_source, base_source)].tolist(),
+        "manual_review": np.where(review_too & (new_review != 0), new_review == 3, base_review).tolist(),
+        "reward_score": score.tolist(),
+        "rewards": rewards,
+    }
+    return merged, out
+
+
+def _objects(values: tuple[Any, ...]) -> Any:
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+_LABELS, _SOURCES = _objects(LABELS), _objects(SOURCES)
