@@ -88,6 +88,8 @@ class RowView:
 # what the pipeline reads of a row decided from its columns alone (`Decided`): the filters' columns were applied by
 # the listing, and `conv_steps` is read as its length
 DECIDED = [c for c in SCALARS if c not in ("agent_name", "session_id", "source", "conv_steps", "llm_calls")]
+# what a row with side records is read as: a `Decided` row's columns, and a `RowView`'s
+VIEWED = [*DECIDED, "agent_name", "session_id", "source"]
 # the columns of a `Decided` row that its label and reward patches replace
 PATCHED_COLUMNS = COLUMNS
 
@@ -126,11 +128,11 @@ def items(store: Any, flt: Any, columns: list[str]) -> Iterator[Item]:
         # read whole: no chat derived (all its columns null), or captured token ids (they are in the trace)
         whole = pc.or_(pc.is_null(table.column("conv_steps")), pc.greater(table.column("llm_calls"), 0))
         whole = whole.to_numpy(zero_copy_only=False)
-        cols: dict[str, list[Any]] | None = None  # every scalar column, its rows with side records merged
+        cols: dict[str, list[Any]] | None = None  # the columns `VIEWED`, its rows with side records merged
         apart: dict[int, RowView | None] = {}  # rows with side records to read whole (None), or ruled out
         sided = store.side_mask(table.column("trace_id").to_pylist()) & ~whole  # a scored store: every row
         if sided.any():
-            cols = {name: table.column(name).to_pylist() for name in SCALARS}
+            cols = {name: table.column(name).to_pylist() for name in VIEWED}
             apart = _merge(store, table, cols, np.flatnonzero(sided).tolist(), flt)
         start = 0
         for at in [*sorted(apart.keys() | set(np.flatnonzero(whole).tolist())), table.num_rows]:
