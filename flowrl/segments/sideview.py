@@ -1,17 +1,19 @@
 """SideView: every side record of a store (`flowrl.segments.sidecar`), held compactly and found by trace id.
 
 A listing holds every side record of its store, and a scored store has one per trace. As Python objects (a
-`Record` with its line, a list and a dict entry per id) that was ~0.8 KB a trace: 0.8 GiB for a million scored
-traces. Here a record is a row of fixed-size arrays (when, which object and line, which kind, where its line
-is: 33 bytes, and 12 more in the sorted index), and the lines are kept zstd-compressed in runs of whole lines
-(`RUN_BYTES`, ~40 bytes a score patch). Reading a record decompresses its run (~25 µs for 32 KB); the last few
-runs stay decompressed, so reading traces in about the order they were scored mostly finds them there.
+`Record` with its line, a list and a dict entry per id) that was ~0.9 KB a trace: 1.2 GiB in the main process of a
+build from a million scored traces. Here a record is a row of fixed-size arrays (when, which line, which kind,
+where its line is, a second hash of its id, what a plain patch sets: 38 bytes, and 12 more in the sorted index),
+and the lines are kept zstd-compressed in runs of whole lines (`RUN_BYTES`, 13-21 bytes a score patch). Reading a
+record decompresses its run (~25 µs for 32 KB); the last few runs stay decompressed, so reading traces in about
+the order they were scored mostly finds them there.
 
 Records are found by their trace id's `hash` (a sorted numpy index; what was added since it was sorted is in a
 small dict until the next sort). Each record found is parsed and its id compared, so two ids with one hash
 never mix; `mask` answers "may have records" for many ids at once, where such a collision only sends a row the
-careful way. This process's records not yet put are held as `Record`s until `settle` swaps them for the object
-that holds them, read back as any other.
+careful way; `plain_records` takes a record as the id's without reading its line when a second, independent hash
+(`_check`) agrees too. This process's records not yet put are held as `Record`s until `settle` swaps them for the
+object that holds them, read back as any other.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ _key = hash  # of a trace id, in this process (a test makes every id collide)
 def _check(trace_id: str) -> int:
     """A second hash of a trace id, independent of `_key`: a record found by `_key` without its line being parsed
     is the id's when both agree (`plain_records`); `hash` is keyed per process, so ids cannot be made to collide."""
-    return hash(trace_id + "\x00")
+    return hash(trace_id + "\x00") & 0xFFFFFFFF
 
 
 class SideView:
@@ -57,13 +59,13 @@ class SideView:
         self._codec = pa.Codec("zstd", compression_level=1)
         self._locations: list[str] = []  # object number -> location
         self._runs: list[bytes] = []  # compressed runs of lines
-        self._run_sizes = array("q")
+        self._run_sizes, self._run_object = array("q"), array("i")  # a run's size, and the object it is of
         # one entry per record
-        self._at, self._hash = array("q"), array("q")
-        self._object, self._number = array("i"), array("i")  # which object, which line of it (from 1)
+        self._at, self._number = array("q"), array("i")  # when, and which line of its object (from 1)
         self._run, self._offset, self._length = array("i"), array("i"), array("i")
         self._flags = array("b")
-        self._check = array("q")
+        self._check = array("I")
+        self._hash = array("q")  # of records not yet in the index (`_keys` holds the others')
         self._sets, self._score = array("B"), array("d")  # what a plain patch sets (`plain.codes`)
         # the index: hashes of records [0, len(_order)) sorted, with their record numbers; the rest in `_tail`
         self._keys = np.empty(0, np.int64)
@@ -91,7 +93,7 @@ class SideView:
                 if head is None:
                     continue
                 if end > start and offset + len(line) - start > RUN_BYTES:
-                    self._close_run(data[start:end])
+                    self._close_run(data[start:end], number)
                     start, run = offset, run + 1
                 trace_id, at, flags, sets, score = head
                 rows.append(
@@ -99,14 +101,13 @@ class SideView:
                 )
                 end = offset + len(line)
             if end > start:
-                self._close_run(data[start:end])
+                self._close_run(data[start:end], number)
             if rows:
                 for column, values in zip(self._per_record(), zip(*rows, strict=True), strict=True):
                     column.extend(values)
-                self._object.extend(array("i", [number]) * len(rows))
 
     def _per_record(self) -> tuple[array[Any], ...]:
-        """The arrays with an entry per record but `_object`, in the order `add_object` fills them."""
+        """The arrays with an entry per record (`_hash`: per record not yet indexed), as `add_object` fills them."""
         return (
             self._at,
             self._hash,
@@ -120,9 +121,10 @@ class SideView:
             self._number,
         )
 
-    def _close_run(self, text: bytes) -> None:
+    def _close_run(self, text: bytes, number: int) -> None:
         self._runs.append(self._codec.compress(text, asbytes=True))
         self._run_sizes.append(len(text))
+        self._run_object.append(number)
 
     def add_pending(self, record: Record) -> None:
         """A record this process holds but has not put yet."""
@@ -168,7 +170,7 @@ class SideView:
                     continue
                 flags = self._flags[i]
                 kind = "patch" if flags & _PATCH else "outcome"
-                where = (self._locations[self._object[i]], self._number[i])
+                where = (self._locations[self._run_object[self._run[i]]], self._number[i])
                 record = Record(self._at[i], where, trace_id, kind, line, bool(flags & _MANUAL))
                 out.append((record, obj["fields" if kind == "patch" else "outcome"]))
             out += [(r, r.body) for r in self._pending.get(trace_id, ())]
@@ -188,10 +190,10 @@ class SideView:
             lo = np.minimum(_search(keys, hashes), n_keys := len(keys) - 1)
             found = order[lo]
             flags = np.frombuffer(self._flags, dtype=np.int8)[found]
-            checks = np.frombuffer(self._check, dtype=np.int64)[found]
+            checks = np.frombuffer(self._check, dtype=np.uint32)[found]
             one = (keys[lo] == hashes) & ((lo == n_keys) | (keys[np.minimum(lo + 1, n_keys)] != hashes))
             ok = one & (flags & (_PATCH | _PLAIN) == _PATCH | _PLAIN)
-            ok &= checks == np.fromiter(map(_check, ids), np.int64, n)
+            ok &= checks == np.fromiter(map(_check, ids), np.uint32, n)
             if self._pending:
                 ok &= ~np.fromiter((tid in self._pending for tid in ids), bool, n)
             return np.where(ok, found, -1)
@@ -227,8 +229,9 @@ class SideView:
         total = len(self._at)
         if total - len(self._order) > max(_SORT_AT, len(self._order) // 16):
             self._sort()
+        indexed = len(self._order)
         for i in range(self._tailed, total):
-            self._tail.setdefault(self._hash[i], []).append(i)
+            self._tail.setdefault(self._hash[i - indexed], []).append(i)
         self._tailed = total
         lo = int(np.searchsorted(self._keys, key))
         hi = lo
@@ -240,10 +243,11 @@ class SideView:
         """Sort every record into the index (what `_tail` held too)."""
         if len(self._order) == len(self._at):
             return
-        hashes = np.frombuffer(self._hash, dtype=np.int64).copy()  # a copy: `array` cannot grow while exported
-        order = np.argsort(hashes, kind="stable")
-        self._keys, self._order = hashes[order], order.astype(np.int32)
-        flags = np.frombuffer(self._flags, dtype=np.int8)[order]
+        hashes = np.concatenate([self._keys, np.frombuffer(self._hash, dtype=np.int64)])  # (a copy: `array` cannot
+        records = np.concatenate([self._order, np.arange(len(self._order), len(self._at), dtype=np.int32)])  # grow
+        order = np.argsort(hashes, kind="stable")  # while exported)
+        self._keys, self._order, self._hash = hashes[order], records[order], array("q")
+        flags = np.frombuffer(self._flags, dtype=np.int8)[self._order]
         self._kind_keys = {}
         for bit in _KIND_BITS.values():  # sorted too; a store of scores only: the same array
             kind = (flags & bit) != 0
