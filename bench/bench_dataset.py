@@ -5,8 +5,9 @@
 
 For each size a synthetic store (flowrl.data.synthetic: 1-3 tool calls per run, 1,000 tasks) is
 written to a temporary folder first; its generation time is not counted. Each build then runs in a
-fresh subprocess, which reports its wall time and its own peak resident memory (ru_maxrss, which
-includes the interpreter and the imported libraries). Target: 100,000 traces to a KTO set in under
+fresh subprocess, which reports its wall time and its own peak resident memory (VmHWM, with the interpreter
+and the imported libraries; not ru_maxrss, which Linux keeps across exec: a subprocess of this bench reported
+this bench's size there when it was the bigger). Target: 100,000 traces to a KTO set in under
 60 s with under 1 GiB peak memory.
 """
 
@@ -21,16 +22,16 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from flowrl.data import DatasetPipeline
+from flowrl.data.workers import peak_mib
 from flowrl.methods import make_builder
 from flowrl.store import TraceStore
 store, out, method = sys.argv[1:4]
 t = time.perf_counter()
 result = DatasetPipeline(make_builder(method)).build(TraceStore(store), out)
 elapsed = time.perf_counter() - t
-peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": elapsed, "peak_mib": peak_kib / 1024, "rows": sum(result.counts.values()),
+print(json.dumps({"seconds": elapsed, "peak_mib": peak_mib(), "rows": sum(result.counts.values()),
                   "traces": result.stats.traces_read}))
 """
 

@@ -8,11 +8,12 @@
 Ingest: `write_many` of synthetic traces (flowrl.data.synthetic: 1-3 tool calls per run) in batches of
 `--batch`, into a `TraceStore` (one fsynced file per trace, one filesystem sync per batch) and into a
 `SegmentStore` (one Parquet segment per batch), traces/s; each batch is generated off the clock.
-`--build`: a KTO set from each store, each build in a fresh process reporting its wall time and peak RSS
-(the issue's target: 1,000,000 traces in under 60 s and 1 GiB: see docs/benchmarks.md). The segment store's
-build is the columnar one (`flowrl.data.columnar`), the JSON store's the row-by-row one. `--workers N`: the
-columnar build makes its rows in N more processes (`flowrl.data.workers`); each one's peak RSS is reported,
-and their sum with the main process's. `--scored`: before the build, every trace gets a score as `flowrl score`
+`--build`: a KTO set from each store, each build in a fresh process reporting its wall time and its own peak RSS
+(`VmHWM`: `ru_maxrss` is kept across exec, and gave the build the scoring process's size) (the issue's target:
+1,000,000 traces in under 60 s and 1 GiB: see docs/benchmarks.md). The segment store's build is the columnar one
+(`flowrl.data.columnar`), the JSON store's the row-by-row one. `--workers N`: the columnar build makes its rows
+in N more processes (`flowrl.data.workers`); each one's peak RSS is reported, and their sum with the main
+process's. `--scored`: before the build, every trace gets a score as `flowrl score`
 writes one (`store.update`: a side record per trace in a segment store), off the clock.
 """
 
@@ -28,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from flowrl.data import DatasetPipeline
+from flowrl.data.workers import peak_mib
 from flowrl.methods import make_builder
 from flowrl.store_open import open_store
 store, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -37,7 +39,7 @@ t = time.perf_counter()
 pipeline = DatasetPipeline(make_builder("kto"), workers=workers)
 result = pipeline.build(open_store(store), out)
 elapsed = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak = peak_mib()  # VmHWM: ru_maxrss would give this process the RSS of the one that forked it
 workers = [round(pipeline.worker_peaks[k]) for k in sorted(pipeline.worker_peaks)]
 print(json.dumps({"seconds": elapsed, "peak_mib": peak, "worker_peaks_mib": workers,
                   "peak_sum_mib": peak + sum(workers), "rows": sum(result.counts.values())}))

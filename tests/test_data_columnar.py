@@ -254,3 +254,14 @@ def test_rows_with_only_label_and_reward_patches_are_decided_with_the_others(
     # in the segment with the derived columns: 130-135 scored and 140 labelled by hand go in the columnar loop;
     # 141 (a patched query) and 142 (an outcome) go one by one; a scored store's rows no longer do
     assert len(one_by_one) == 2
+
+
+def test_a_process_s_peak_memory_is_its_own_not_that_of_the_process_it_was_forked_from() -> None:
+    """Linux keeps `ru_maxrss` across exec: a build started from a bench that held 500 MiB reported 500 MiB."""
+    import subprocess
+    import sys
+
+    ballast = b"x" * (300 * 2**20)  # written, so resident
+    child = "from flowrl.data.workers import peak_mib; print(peak_mib())"
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout
+    assert len(ballast) and float(out) < 250, out

@@ -169,7 +169,7 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
                 replies.put(("finished", k, finish_part(task[1], schema)))
                 _trim()
             elif task[0] == "stop":
-                replies.put(("stopped", k, _peak_mib()))
+                replies.put(("stopped", k, peak_mib()))
                 return
     except BaseException as exc:  # said on the reply queue: the pipeline stops with it
         replies.put(("error", k, f"{type(exc).__name__}: {exc}"))
@@ -215,8 +215,17 @@ def _glibc(function: str, *args: int) -> None:
         pass
 
 
-def _peak_mib() -> float | None:
-    """This process's peak resident memory in MiB (None where `resource` is missing: not Unix)."""
+def peak_mib() -> float | None:
+    """This process's own peak resident memory in MiB: `VmHWM` where Linux gives it (kept per address space, so
+    it starts afresh at exec), else `ru_maxrss`, which Linux keeps across exec: a child forked from a big process
+    reports the parent's size there. None where neither is known."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:
