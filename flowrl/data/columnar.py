@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from flowrl.segments.plain import COLUMNS, FIELDS, is_plain
+from flowrl.segments.plain import COLUMNS, FIELDS, float_rewards, is_plain
 
 if TYPE_CHECKING:
     from flowrl.segments.columns import ColumnRows
@@ -209,7 +209,7 @@ def _one_by_one(store: Any, cols: dict[str, list[Any]], i: int) -> RowView | Non
         return None
     score = merged["reward_score"]
     merged["reward_score"] = None if score is None else float(score)
-    merged["rewards"] = {k: None if v is None else float(v) for k, v in merged["rewards"].items()}
+    merged["rewards"] = float_rewards(merged["rewards"])
     return _view(cols, i, merged)
 
 

@@ -100,6 +100,11 @@ _OTHERS: dict[str, Callable[[Any], bool]] = {  # the rest of `FIELDS`, and what 
 }
 
 
+def float_rewards(rewards: dict[str, Any]) -> dict[str, float | None]:
+    """A plain `rewards` dict as the trace model holds it: its numbers as floats."""
+    return {name: None if value is None else float(value) for name, value in rewards.items()}
+
+
 class PatchRewards(Mapping[str, float | None]):
     """A plain patch's `rewards`, read from its record when first used (a build mostly needs only the label)."""
 
@@ -111,8 +116,7 @@ class PatchRewards(Mapping[str, float | None]):
 
     def _load(self) -> dict[str, float | None]:
         if self._value is None:
-            rewards = self._view.fields(self._record)["rewards"]
-            self._value = {k: None if v is None else float(v) for k, v in rewards.items()}
+            self._value = float_rewards(self._view.fields(self._record)["rewards"])
         return self._value
 
     def __getitem__(self, name: str) -> float | None:
@@ -155,7 +159,7 @@ def merge_columns(
     base_label = np.where(numpy(label.is_null()), 1, 2 + numpy(label.fill_null(False)).astype(np.int8))
     base_source = np.where(is_manual, 2, np.where(is_engine, 3, 1))
     base_review = numpy(base.column("manual_review").fill_null(False))
-    base_manual = (base_label != 1) & (is_manual | ((base_source == 1) & base_review))
+    base_manual = (base_label != 1) & (is_manual | ((base_source == 1) & base_review))  # `facts.manual_label`
     review_too = merged & (((flags & view.MANUAL) != 0) | ~base_manual)  # a person's label stays otherwise
     new_label, new_source, new_review = sets & 3, (sets >> 2) & 3, (sets >> 4) & 3
     score = np.array(base.column("reward_score").to_pylist(), dtype=object)
