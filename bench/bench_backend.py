@@ -132,7 +132,7 @@ def measure_llama(
     model_dir: Path, starts: list[list[dict[str, Any]]], args: argparse.Namespace, tool_s: float
 ) -> dict[str, Any]:
     """The conversations one after another through LlamaCppBackend (the GGUF is written first, not timed)."""
-    from flowrl.demo.llama_backend import LlamaCppBackend
+    from flowrl.engines.llama_cpp_backend import LlamaCppBackend
 
     backend = LlamaCppBackend(model_dir, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     asyncio.run(phase(backend, starts[:1], concurrent=1, turns=1, tool_s=0))  # warm-up
@@ -184,7 +184,7 @@ def main() -> int:
 
     import torch
 
-    from flowrl.demo.backend import TransformersBackend
+    from flowrl.engines.transformers_backend import TransformersBackend
     from flowrl.models import ensure_default_model
 
     model_dir = ensure_default_model()
@@ -206,7 +206,7 @@ def main() -> int:
     measure(backend, starts[:1], batch_size=1, turns=1, tool_s=0)  # warm-up
     results = {"batch 1": measure(backend, starts, batch_size=1, turns=args.turns, tool_s=tool_s)}
     results["batched"] = measure(backend, starts, batch_size=args.callers, turns=args.turns, tool_s=tool_s)
-    from flowrl.demo.llama_backend import llama_cpp_available
+    from flowrl.engines.llama_cpp_backend import llama_cpp_available
 
     if llama_cpp_available() and not args.no_llama:
         results["llama.cpp"] = measure_llama(model_dir, starts, args, tool_s)

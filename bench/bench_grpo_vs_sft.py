@@ -60,16 +60,18 @@ def main() -> int:
         f"{episodes} agent episodes per arm ({args.train_tasks} tasks x {args.samples})",
         flush=True,
     )
-    with ExampleAgents(model_dir, engine=args.engine) as agents:
+    with ExampleAgents() as agents:
         cfg = ImproveConfig(
             out=args.out / "sft",
             rounds=1,
             samples=args.samples,
+            base_model=str(model_dir),
             control=None,
             temperature=args.temperature,
-            concurrency=agents.concurrency,
+            concurrency=8,
             epochs=args.epochs,
             seed=args.seed,
+            engine=args.engine,
         )
         loop = Improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage)
         (sft,) = loop.run()

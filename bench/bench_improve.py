@@ -81,6 +81,7 @@ def main() -> int:
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--engine", default="auto")
+    parser.add_argument("--concurrency", type=int, default=8, help="agent runs at a time, and the engine's slots")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -100,19 +101,21 @@ def main() -> int:
     print(f"{machine['cores']} cores ({machine['cpu']}), load average {machine['load_start']}", flush=True)
     on_stage = StageClock()
 
-    with ExampleAgents(model_dir, engine=args.engine) as agents:
+    with ExampleAgents() as agents:
         cfg = ImproveConfig(
             out=args.out,
             rounds=args.rounds,
             samples=args.samples,
             method=args.method,
+            base_model=str(model_dir),
             control=None if args.control == "none" else args.control,
             temperature=args.temperature,
-            concurrency=agents.concurrency,
+            concurrency=args.concurrency,
             epochs=args.epochs,
             seed=args.seed,
+            engine=args.engine,
+            slots=args.concurrency,
         )
-        on_stage("engine", f"{agents.engine}, {cfg.concurrency} runs at a time")
         results = improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage)
     wall = on_stage.elapsed
     machine["load_end"] = [round(x, 2) for x in os.getloadavg()]

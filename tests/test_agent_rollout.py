@@ -316,7 +316,7 @@ def test_scripted_agent_runs_hooked_as_a_generic_agent(tmp_path: Path) -> None:
     import asyncio
 
     from flowrl.capture import hook_into_agent
-    from flowrl.train.chat_backend import Completion
+    from flowrl.engines.chat_backend import Completion
 
     backend = SimpleNamespace(complete=lambda messages: Completion("City1", 3, 1))
     agent = ScriptedAgent(backend)
@@ -331,7 +331,7 @@ def test_capture_source_and_on_trace_options_never_hurt_the_agent(tmp_path: Path
     import asyncio
 
     from flowrl.capture import hook_into_agent
-    from flowrl.train.chat_backend import Completion
+    from flowrl.engines.chat_backend import Completion
 
     backend = SimpleNamespace(complete=lambda messages: Completion("City2", 3, 1))
     with pytest.raises(ConfigError, match="source 'training'"):

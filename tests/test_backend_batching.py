@@ -19,7 +19,7 @@ import pytest
 from helpers_tiny_model import save_lively_tiny_model
 
 from flowrl.demo.agent import Completion
-from flowrl.demo.backend import TransformersBackend
+from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.errors import ConfigError
 
 MAX_NEW = 24
@@ -255,7 +255,7 @@ def test_a_call_joins_a_batch_that_is_already_decoding(model_dir: Path, order: s
 
 
 def test_the_generation_thread_ends_when_idle(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import flowrl.demo.backend as backend_module
+    import flowrl.engines.transformers_backend as backend_module
 
     monkeypatch.setattr(backend_module, "IDLE_S", 0.05)
     backend = _backend(model_dir, max_new_tokens=4)

@@ -16,8 +16,20 @@ pytest.importorskip("trl")
 
 from helpers_tiny_train import build_tiny_model  # noqa: E402
 
+from flowrl.engines.policy import Policy  # noqa: E402
 from flowrl.evaluate.results import verify  # noqa: E402
-from flowrl.improve.loop import ImproveConfig, ImproveError, Policy, improve  # noqa: E402
+from flowrl.improve.loop import ImproveConfig, ImproveError, improve  # noqa: E402
+
+
+class FakePolicies:
+    """Policies without an engine: the scripted agent never calls the endpoint, it reads `policy.adapter`."""
+
+    def __init__(self) -> None:
+        self.served: dict[str, Policy] = {}
+
+    def policy(self, name: str, adapter: Path | None = None, *, temperature: float, seed: int = 0) -> Policy:
+        self.served[name] = Policy("http://127.0.0.1:9/v1", name, temperature=temperature, seed=seed, adapter=adapter)
+        return self.served[name]
 
 
 @dataclass(frozen=True)
@@ -61,8 +73,15 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
         hook_options={"run_methods": ["a_run"]},
     )
     stages: list[tuple[str, str]] = []
+    policies = FakePolicies()
     (result,) = improve(
-        lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, on_stage=lambda s, m: stages.append((s, m))
+        lambda p: ScriptedAgent(p),
+        TRAIN,
+        HELD,
+        grade,
+        cfg,
+        on_stage=lambda s, m: stages.append((s, m)),
+        policies=policies,
     )
     assert result.collected == 16 and result.right == 8
     data = json.loads(result.eval_path.read_text())
@@ -71,9 +90,19 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
     assert data["arms"]["base"]["successes"] == 3 and data["arms"]["round-1"]["successes"] == 6
     traces = list((tmp_path / "out" / "traces").rglob("*.json"))
     assert len(traces) == 16  # every collected run is in the store
+    assert policies.served["collect-1"].temperature == cfg.temperature and policies.served["collect-1"].adapter is None
+    assert policies.served["eval-round-1"].adapter == result.adapter and policies.served["eval-base"].temperature == 0
     _check_secondary(tmp_path / "out", list(data["arms"]))
     stages.clear()
-    improve(lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, on_stage=lambda s, m: stages.append((s, m)))
+    improve(
+        lambda p: ScriptedAgent(p),
+        TRAIN,
+        HELD,
+        grade,
+        cfg,
+        on_stage=lambda s, m: stages.append((s, m)),
+        policies=FakePolicies(),
+    )
     assert all("reused" in m for s, m in stages), stages  # a second call redoes nothing
 
 
@@ -105,12 +134,39 @@ def test_a_round_with_nothing_right_stops_with_one_line(tmp_path: Path) -> None:
     )
     odd = [t for t in TRAIN if int(t.task_id[1:]) % 2]
     with pytest.raises(ImproveError, match="no run was graded right.*raise --samples"):
-        improve(lambda p: ScriptedAgent(p), odd, HELD, grade, cfg)
+        improve(lambda p: ScriptedAgent(p), odd, HELD, grade, cfg, policies=FakePolicies())
 
 
 def test_train_and_held_out_tasks_never_overlap(tmp_path: Path) -> None:
     with pytest.raises(ImproveError, match="both train and held-out"):
         improve(lambda p: ScriptedAgent(p), TRAIN, TRAIN[:2], grade, ImproveConfig(out=tmp_path))
+
+
+def test_selection_uses_exactly_the_verdict_grade_gives(tmp_path: Path) -> None:
+    """A grade that disagrees with `reference_answer` (it calls right what is one off, and wrong what matches):
+    the SFT set holds exactly the runs the grade called right. On main, selection kept the runs whose
+    `reference_answer` reward was 1.0, whatever the grade said."""
+    model = build_tiny_model(tmp_path / "tiny")
+
+    def one_off(task: Any, answer: str) -> bool:
+        return str(int(task.answer) + 1) in answer.replace(".", " ").split()
+
+    cfg = ImproveConfig(
+        out=tmp_path / "out",
+        samples=1,
+        base_model=str(model),
+        max_steps=1,
+        concurrency=2,
+        hook_options={"run_methods": ["a_run"]},
+    )
+    (result,) = improve(lambda p: ScriptedAgent(p), TRAIN, HELD, one_off, cfg, policies=FakePolicies())
+    odd = {t.task_id for t in TRAIN if int(t.task_id[1:]) % 2}  # the scripted agent answers these one off
+    assert result.right == len(odd) and result.selected == len(odd)
+    rows = [
+        json.loads(line) for line in (tmp_path / "out" / "round-1" / "data-selected" / "data" / "train.jsonl").open()
+    ]
+    answers = {row["messages"][-1]["content"] for row in rows}
+    assert answers == {f"The answer is {int(t.answer) + 1}." for t in TRAIN if t.task_id in odd}
 
 
 def test_flowrl_eval_runs_the_agent_loop_and_writes_a_verifiable_eval_json(tmp_path: Path, capsys: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers_tiny_model import save_lively_tiny_model
 
-from flowrl.demo.backend import TransformersBackend
+from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.errors import ConfigError
 
 MAX_NEW = 24
@@ -34,7 +34,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _llama(model_dir: Path, tmp_path: Path, **kwargs: Any) -> Any:
-    from flowrl.demo.llama_backend import LlamaCppBackend, gguf_for
+    from flowrl.engines.llama_cpp_backend import LlamaCppBackend, gguf_for
 
     path = gguf_for(model_dir, quant="f16", cache_dir=tmp_path / "gguf")
     return LlamaCppBackend(model_dir, gguf=path, **{"max_new_tokens": MAX_NEW, "temperature": 0.0, **kwargs})
@@ -102,7 +102,7 @@ def test_a_prompt_longer_than_the_context_is_refused(model_dir: Path, tmp_path: 
 
 
 def test_the_gguf_is_written_once_per_model_and_adapter(model_dir: Path, tmp_path: Path) -> None:
-    from flowrl.demo.llama_backend import gguf_for
+    from flowrl.engines.llama_cpp_backend import gguf_for
 
     first = gguf_for(model_dir, quant="f16", cache_dir=tmp_path)
     stamp = first.stat().st_mtime_ns
@@ -111,8 +111,8 @@ def test_the_gguf_is_written_once_per_model_and_adapter(model_dir: Path, tmp_pat
 
 
 def test_without_llama_cpp_the_error_says_how_to_install_it(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flowrl.demo.example_agents import pick_engine
-    from flowrl.demo.llama_backend import LlamaCppBackend
+    from flowrl.engines.choice import pick_engine
+    from flowrl.engines.llama_cpp_backend import LlamaCppBackend
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(ConfigError, match="pip install llama-cpp-python"):
@@ -124,9 +124,10 @@ def test_without_llama_cpp_the_error_says_how_to_install_it(model_dir: Path, mon
 
 
 def test_auto_says_which_engine_it_took(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from flowrl.demo.example_agents import pick_engine
+    from flowrl.engines.choice import pick_engine
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with caplog.at_level(logging.INFO, logger="flowrl.demo.example_agents"):
+    monkeypatch.setattr("flowrl.engines.llama_server.available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="flowrl.engines.choice"):
         assert pick_engine("auto") == "transformers"
-    assert "4-6x slower" in caplog.text and "pip install llama-cpp-python" in caplog.text
+    assert "several times slower" in caplog.text and "flowrl.engines.llama_server_build" in caplog.text

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helpers_tiny_model import save_lively_tiny_model
 
-from flowrl.demo.backend import TransformersBackend
+from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.train.agent_rollout import PolicyBackend
 
 PROMPTS = [[{"role": "user", "content": f"What is {i} times {i * 3}?" + " please" * i}] for i in range(4)]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from flowrl.engines.chat_backend import TokensInBackend
 from flowrl.serve.tool_calls import parse_reply, style_of
-from flowrl.train.chat_backend import TokensInBackend
 from tests.helpers_export import tiny_tokenizer
 
 TEMPLATE = (Path(__file__).parent.parent / "flowrl" / "templates" / "smollm2_chatml.jinja").read_text()
@@ -226,7 +226,7 @@ def test_plan_names_the_fix_for_what_it_cannot_serve(tmp_path: Path, monkeypatch
     gguf = tmp_path / "alone" / "m.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr("flowrl.demo.llama_backend.llama_cpp_available", lambda: True)
+    monkeypatch.setattr("flowrl.engines.llama_cpp_backend.llama_cpp_available", lambda: True)
     with pytest.raises(ConfigError, match="--tokenizer"):
         load.plan(str(gguf))
     with pytest.raises(ConfigError, match="transformers does not serve"):
@@ -235,9 +235,14 @@ def test_plan_names_the_fix_for_what_it_cannot_serve(tmp_path: Path, monkeypatch
     beside = tmp_path / "m.gguf"
     beside.write_bytes(b"GGUF")
     assert load.plan(str(beside)).model_dir == tmp_path / "merged"
-    monkeypatch.setattr("flowrl.demo.llama_backend.llama_cpp_available", lambda: False)
-    with pytest.raises(ConfigError, match="llama-cpp-python"):
+    monkeypatch.setattr("flowrl.engines.llama_server.available", lambda: False)
+    assert load.plan(str(beside)).engine == "llama.cpp"  # auto: llama-cpp-python when llama-server is not built
+    monkeypatch.setattr("flowrl.engines.llama_cpp_backend.llama_cpp_available", lambda: False)
+    with pytest.raises(ConfigError, match="needs llama-server .*llama_server_build.* or llama-cpp-python"):
         load.plan(str(beside))
+    monkeypatch.setenv("FLOWRL_LLAMA_SERVER", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="llama_server_build"):
+        load.plan(str(beside), engine="llama-server")
     with pytest.raises(ConfigError, match="--engine"):
         load.plan(str(beside), engine="vllm")
 

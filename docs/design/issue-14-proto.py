@@ -322,7 +322,7 @@ def run_c() -> None:
 
     from flowrl.data.tokens import CallTokens, merge_calls
     from flowrl.demo.agent import ExampleAgent
-    from flowrl.demo.backend import TokensInBackend
+    from flowrl.engines.chat_backend import TokensInBackend
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir()))
 

@@ -44,9 +44,27 @@ def _progress_ui():
 
 def improve_cmd(
     out: Path = typer.Option(Path("improve-out"), "--out", "-o", help="Folder for every round (resumable)."),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="Your agent: MODULE:FACTORY (or file.py:FACTORY); FACTORY(policy) returns an agent with "
+        "async a_run(query, session_id=...) or run(query) that talks to policy.base_url. Default: the example agent.",
+    ),
+    tasks: Path | None = typer.Option(
+        None, "--tasks", help="With --agent: JSONL of {task_id, query, answer}, split into train and held-out."
+    ),
+    grade: str | None = typer.Option(
+        None,
+        "--grade",
+        help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number.",
+    ),
     rounds: int = typer.Option(1, "--rounds", "-r", min=1, help="Rounds of collect, score, select, train, eval."),
-    train_tasks: int = typer.Option(200, "--train-tasks", min=1, help="Train tasks the agent runs each round."),
-    eval_tasks: int = typer.Option(150, "--eval-tasks", min=1, help="Held-out tasks each arm is graded on."),
+    train_tasks: int | None = typer.Option(
+        None, "--train-tasks", min=1, help="Train tasks each round (default: 200; with --tasks, the rest)."
+    ),
+    eval_tasks: int | None = typer.Option(
+        None, "--eval-tasks", min=1, help="Held-out tasks (default: 150; with --tasks, a third of them)."
+    ),
     samples: int = typer.Option(4, "--samples", "-k", min=1, help="Runs per train task per round."),
     method: str = typer.Option("sft", "--method", "-m", help=METHOD_HELP),
     base_model: str = typer.Option("smollm2-135m", "--base-model", "-b", help="Model behind the agent."),
@@ -60,28 +78,26 @@ def improve_cmd(
     learning_rate: float | None = typer.Option(
         None, "--learning-rate", help="LoRA learning rate (default: the method's)."
     ),
-    concurrency: int | None = typer.Option(
-        None,
-        "--concurrency",
-        min=1,
-        help="Agent runs at a time (default: 1 on llama.cpp, 8 on transformers, which batches them).",
-    ),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Agent runs at a time."),
+    slots: int = typer.Option(8, "--slots", min=1, help="Sequences the engine decodes together."),
     engine: str = typer.Option(
         "auto",
         "--engine",
-        help="Generation: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed).",
+        help="The policy server's engine: llama-server, transformers, or auto (llama-server when built).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the task split, sampling and training."),
 ) -> None:
-    """Make the example agent better, round by round, and prove it on held-out tasks (eval.json per round)."""
-    from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
-    from flowrl.improve.loop import ImproveConfig, improve
-    from flowrl.models import resolve_model
+    """Make an agent better, round by round, and prove it on held-out tasks (eval.json per round). Every agent
+    runs on the round's policy, served as an OpenAI-compatible endpoint."""
+    import contextlib
 
-    model = resolve_model(base_model)
-    train, held_out = example_tasks(train_tasks, eval_tasks, seed=seed)
+    from flowrl.improve.loop import ImproveConfig, improve
+
     progress, on_progress, on_stage = _progress_ui()
-    with progress, ExampleAgents(model.path, engine=engine) as agents:
+    with contextlib.ExitStack() as stack:
+        make_agent, train, held_out, grader = _agent_and_tasks(
+            stack, agent, tasks, grade, train_tasks, eval_tasks, seed
+        )
         cfg = ImproveConfig(
             out=out,
             rounds=rounds,
@@ -91,14 +107,16 @@ def improve_cmd(
             control=cast(Any, control),
             temperature=temperature,
             eval_temperature=eval_temperature,
-            concurrency=concurrency or agents.concurrency,
+            concurrency=concurrency,
             epochs=epochs,
             max_steps=max_steps,
             learning_rate=learning_rate,
             seed=seed,
+            engine=engine,
+            slots=slots,
         )
-        on_stage("engine", f"{agents.engine}, {cfg.concurrency} runs at a time")
-        results = improve(agents, train, held_out, example_grade, cfg, on_stage=on_stage, on_progress=on_progress)
+        stack.enter_context(progress)
+        results = improve(make_agent, train, held_out, grader, cfg, on_stage=on_stage, on_progress=on_progress)
     last = results[-1]
     arm = last.arms.get(f"round-{last.round}", {})
     base = last.arms.get("base", {})
@@ -106,6 +124,34 @@ def improve_cmd(
         f"round {last.round}: held-out success {base.get('rate', 0):.1%} (base) -> {arm.get('rate', 0):.1%}; "
         f"eval: {last.eval_path}"
     )
+
+
+def _agent_and_tasks(
+    stack: Any,
+    agent: str | None,
+    tasks: Path | None,
+    grade: str | None,
+    train_tasks: int | None,
+    eval_tasks: int | None,
+    seed: int,
+) -> tuple[Any, list[Any], list[Any], Any]:
+    """(factory, train tasks, held-out tasks, grade): the user's, or the example agent's."""
+    from flowrl.errors import ConfigError
+
+    if agent is None:
+        if tasks is not None or grade is not None:
+            raise ConfigError("--tasks and --grade go with --agent MODULE:FACTORY (the example agent has its own)")
+        from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
+
+        train, held_out = example_tasks(train_tasks or 200, eval_tasks or 150, seed=seed)
+        return stack.enter_context(ExampleAgents()), train, held_out, example_grade
+    from flowrl.improve.user import default_grade, load_object, load_tasks, split_tasks
+
+    if tasks is None:
+        raise ConfigError("--agent needs --tasks FILE: JSONL of {task_id, query, answer}")
+    train, held_out = split_tasks(load_tasks(tasks), train_tasks, eval_tasks, seed=seed)
+    grader = load_object(grade, "--grade") if grade else default_grade
+    return load_object(agent, "--agent"), train, held_out, grader
 
 
 def register(app: typer.Typer) -> None:

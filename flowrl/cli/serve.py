@@ -21,7 +21,11 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (another than localhost needs --allow-remote)."),
     port: int = typer.Option(8080, help="Port (0 picks a free one)."),
-    engine: str = typer.Option("auto", help="auto (llama.cpp when installed), llama.cpp or transformers."),
+    engine: str = typer.Option(
+        "auto",
+        help="auto (llama-server when built, else llama.cpp when installed), llama-server, llama.cpp or transformers.",
+    ),
+    slots: int = typer.Option(8, "--slots", min=1, help="Requests decoded together (llama-server)."),
     base_model: str | None = typer.Option(
         None, "--base-model", help="Base model of an adapter folder, overriding its adapter_config.json."
     ),
@@ -31,7 +35,7 @@ def serve(
     name: str | None = typer.Option(None, "--name", help="Model name the server reports (default: from MODEL)."),
     temperature: float = typer.Option(0.7, help="Temperature of requests that set none."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Reply length limit of requests that set none."),
-    ctx: int = typer.Option(4096, "--ctx", help="Context length (llama.cpp)."),
+    ctx: int = typer.Option(4096, "--ctx", help="Context length of a request (llama.cpp, llama-server)."),
     api_key: str | None = typer.Option(
         None, "--api-key", envvar="FLOWRL_SERVE_API_KEY", help="Require `Authorization: Bearer KEY`."
     ),
@@ -50,7 +54,7 @@ def serve(
     plan = load.plan(model, engine=engine, base_model=base_model, tokenizer=tokenizer)
     where = plan.gguf or (f"{plan.model_dir} + {plan.adapter}" if plan.adapter else plan.model_dir)
     with console.status(f"loading {where} ({plan.engine})"):
-        backend = load.load_backend(plan, max_tokens=max_tokens, temperature=temperature, n_ctx=ctx)
+        backend = load.load_backend(plan, max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, slots=slots)
         served = ServedModel(backend, name=name or plan.name, temperature=temperature, max_tokens=max_tokens)
     server, thread = start(served, host=host, port=port, api_key=api_key, allow_remote=allow_remote)
     if host not in LOCAL_HOSTS and api_key is None:
@@ -69,6 +73,9 @@ def serve(
     finally:
         server.shutdown()
         server.server_close()
+        engine_server = getattr(backend, "server", None)
+        if engine_server is not None:
+            engine_server.stop()
     counts = served.stats.counts
     console.print(
         f"served {counts['requests']} requests ({counts['tool calls']} tool calls parsed, "

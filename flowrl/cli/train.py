@@ -356,12 +356,12 @@ def eval_cmd(
         None, "--json", help="Agent-loop mode: write eval.json (outcomes, rates with intervals, McNemar) here."
     ),
     concurrency: int | None = typer.Option(
-        None, "--concurrency", help="Agent-loop mode: runs at a time (default: 1 on llama.cpp, 8 on transformers)."
+        None, "--concurrency", help="Agent-loop mode: runs at a time (default: the engine's slots, 8)."
     ),
     engine: str = typer.Option(
         "auto",
         "--engine",
-        help="Agent-loop mode: llama.cpp, transformers, or auto (llama.cpp when llama-cpp-python is installed).",
+        help="Agent-loop mode: the engine: llama-server, transformers, or auto (llama-server when built).",
     ),
     baseline: str | None = typer.Option(
         None,
@@ -447,8 +447,8 @@ def _eval_agent(
     from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
     from flowrl.evaluate.agent import run_arms
     from flowrl.evaluate.results import format_table, summarize, write_eval_json
-    from flowrl.improve.loop import Policy
     from flowrl.models import resolve_model
+    from flowrl.serve.policies import PolicyServer
 
     if agent != "example":
         raise ConfigError(
@@ -460,20 +460,21 @@ def _eval_agent(
     if base.adapter:
         raise ConfigError(f"--baseline {baseline} is an adapter: pass the model it was trained from")
     _, held_out = example_tasks(0, eval_tasks)
-    arms = {"base": Policy(base.path, None, 0.0, 0)}
+    arms: dict[str, tuple[str, Path | None]] = {"base": (base.path, None)}
     if resolved.adapter or resolved.path != base.path:
-        arms["model"] = Policy(resolved.path, Path(resolved.adapter) if resolved.adapter else None, 0.0, 0)
+        arms["model"] = (resolved.path, Path(resolved.adapter) if resolved.adapter else None)
     outcomes: dict[str, dict[str, bool]] = {}
     with tempfile.TemporaryDirectory(prefix="flowrl-eval-") as scratch:
         # the runs are kept beside --json (one store per arm), else only while their rewards are computed
         traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
-        for name, policy in arms.items():
-            with ExampleAgents(policy.base_model, engine=engine) as agents:
+        for name, (model_path, adapter) in arms.items():
+            with PolicyServer(str(model_path), engine=engine) as server, ExampleAgents() as agents:
+                policy = server.policy(name, adapter, temperature=0.0, seed=0)
                 got = run_arms(
                     {name: functools.partial(agents, policy)},
                     held_out,
                     example_grade,
-                    concurrency=concurrency or agents.concurrency,
+                    concurrency=concurrency or server.slots,
                     store_root=traces,
                 )
             for task_id, arm in got.items():

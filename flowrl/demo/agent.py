@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from flowrl.train.chat_backend import Completion  # the reply type every backend returns
+from flowrl.engines.chat_backend import Completion  # the reply type every backend returns
 
 # The tables behind `lookup`. The generated task suite (flowrl/demo/suite.py) asks about their entries, so every
 # value here is an answer some task is graded on: countries whose capital is disputed or spelled several ways

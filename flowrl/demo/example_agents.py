@@ -1,54 +1,35 @@
 """The example agent for `flowrl improve` and `flowrl eval --agent example`: one factory, one sandbox.
 
-`ExampleAgents(model_dir)` is a context manager; called with a `Policy` it returns an `ExampleAgent` whose
-local backend runs the base model with the policy's adapter (merged in) at the policy's temperature. Backends
-are cached per (adapter, temperature), and the code sandbox is shared by every agent it makes.
-
-`engine` picks the backend: `llama.cpp` (`LlamaCppBackend`: a GGUF of the policy, 4-6x faster on a CPU, one
-call at a time), `transformers` (`TransformersBackend`: batches concurrent calls), or `auto`: llama.cpp when
-llama-cpp-python is installed, else transformers, said once in the log either way.
+`ExampleAgents()` is a context manager (it owns the code sandbox every agent shares); called with a `Policy` it
+returns an `ExampleAgent` that talks to the policy's endpoint, as any user's agent does: nothing special beyond
+its built-in tasks and grader. Its messages are sent in its own text format (tool calls written into the
+assistant text, tool results as text), the format its prompt teaches, so the model sees what the agent's local
+backends used to render.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any
 
-from flowrl.errors import ConfigError
-from flowrl.improve.loop import Policy
-
-log = logging.getLogger(__name__)
-ENGINES = ("auto", "llama.cpp", "transformers")
+from flowrl.engines.chat_backend import Completion, flatten_message
+from flowrl.engines.policy import Policy
 
 
-def pick_engine(engine: str) -> str:
-    """`engine`, with `auto` made concrete (and the choice logged)."""
-    from flowrl.demo.llama_backend import INSTALL_HINT, llama_cpp_available
+class _TextBackend:
+    """The example agent's backend on an endpoint: its messages flattened to text before they are sent."""
 
-    if engine not in ENGINES:
-        raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
-    if engine == "llama.cpp" and not llama_cpp_available():
-        raise ConfigError(f"--engine llama.cpp needs llama-cpp-python: {INSTALL_HINT}")
-    if engine != "auto":
-        return engine
-    if llama_cpp_available():
-        log.info("generating with llama.cpp (llama-cpp-python is installed)")
-        return "llama.cpp"
-    log.warning("generating with transformers, 4-6x slower on a CPU than llama.cpp: %s", INSTALL_HINT)
-    return "transformers"
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.model_name = client.model_name
+
+    def complete(self, messages: list[dict[str, Any]]) -> Completion:
+        return self.client.complete([flatten_message(m) for m in messages])
 
 
 class ExampleAgents:
-    def __init__(
-        self, model_dir: str | Path, *, max_new_tokens: int = 64, batch_size: int = 8, engine: str = "auto"
-    ) -> None:
-        self.model_dir = Path(model_dir)
-        self.engine = pick_engine(engine)
+    def __init__(self, *, max_new_tokens: int = 64) -> None:
         self.max_new_tokens = max_new_tokens
-        self.batch_size = batch_size
         self._sandbox: Any = None
-        self._backends: dict[tuple[str | None, float, int], Any] = {}
 
     def __enter__(self) -> ExampleAgents:
         from flowrl.rewards.sandbox import Sandbox
@@ -59,34 +40,19 @@ class ExampleAgents:
     def __exit__(self, *exc: Any) -> None:
         if self._sandbox is not None:
             self._sandbox.__exit__(*exc)
-        self._backends.clear()
-
-    @property
-    def concurrency(self) -> int:
-        """Agent runs worth running at once: llama.cpp decodes one call at a time, and one run at a time keeps
-        the whole conversation in its KV cache (2 runs: 40 against 49 new tokens/s); transformers batches up to
-        `batch_size` calls."""
-        return 1 if self.engine == "llama.cpp" else self.batch_size
+            self._sandbox = None
 
     def backend(self, policy: Policy) -> Any:
-        key = (str(policy.adapter) if policy.adapter else None, policy.temperature, policy.seed)
-        if key not in self._backends:
-            self._backends.clear()  # one model in memory at a time
-            kwargs: dict[str, Any] = {
-                "adapter": policy.adapter,
-                "max_new_tokens": self.max_new_tokens,
-                "temperature": policy.temperature,
-                "seed": policy.seed,
-            }
-            if self.engine == "llama.cpp":
-                from flowrl.demo.llama_backend import LlamaCppBackend
+        from flowrl.serve.client import ServedBackend
 
-                self._backends[key] = LlamaCppBackend(self.model_dir, **kwargs)
-            else:
-                from flowrl.demo.backend import TransformersBackend
-
-                self._backends[key] = TransformersBackend(self.model_dir, batch_size=self.batch_size, **kwargs)
-        return self._backends[key]
+        client = ServedBackend(
+            policy.base_url,
+            policy.model,
+            api_key=policy.api_key,
+            temperature=policy.temperature,
+            max_tokens=self.max_new_tokens,
+        )
+        return _TextBackend(client)
 
     def __call__(self, policy: Policy) -> Any:
         from flowrl.demo.agent import ExampleAgent

@@ -155,13 +155,13 @@ class Demo:
         from flowrl.capture import hook_into_agent
         from flowrl.demo.example_agents import ExampleAgents
         from flowrl.demo.tasks import annotate, answer_matches
-        from flowrl.improve import Policy
+        from flowrl.serve.policies import PolicyServer
 
         plan = [tasks[i % len(tasks)] for i in range(runs)]
         correct = 0
-        with ExampleAgents(self.model_dir or self.cfg.base_model, engine="auto") as agents:
-            agent = agents(Policy(self.cfg.base_model, None, 0.9, self.cfg.seed))
-            engine = agents.engine
+        with PolicyServer(str(self.model_dir or self.cfg.base_model)) as server, ExampleAgents() as agents:
+            agent = agents(server.policy("demo-collect", None, temperature=0.9, seed=self.cfg.seed))
+            engine = server.engine
             hook = hook_into_agent(agent, store=self.store)
             try:
                 for i, task in enumerate(plan):
@@ -257,13 +257,14 @@ class Demo:
         last = out / f"round-{cfg.improve_rounds}" / "eval.json"
         reused = self._done(last)
         train, held_out = example_tasks(cfg.improve_train_tasks, cfg.improve_eval_tasks, seed=cfg.seed)
-        with ExampleAgents(self.model_dir or cfg.base_model, engine="auto") as agents:
+        engines: list[str] = []
+        with ExampleAgents() as agents:
             config = ImproveConfig(
                 out=out,
                 rounds=cfg.improve_rounds,
                 samples=cfg.improve_samples,
                 base_model=cfg.base_model,
-                concurrency=agents.concurrency,
+                concurrency=8,
                 epochs=3.0,
                 seed=cfg.seed,
             )
@@ -275,9 +276,10 @@ class Demo:
                     example_grade,
                     config,
                     on_progress=lambda s, d, t: self.on_progress(f"improve {s}", d, t),
+                    on_stage=lambda s, m: engines.append(m.split(" at ")[0]) if s == "engine" else None,
                 )
             except ImproveError as exc:
-                return f"{agents.engine}: stopped: {exc}", False
+                return f"{engines[0] if engines else 'improve'}: stopped: {exc}", False
         parts = []
         for r in results:
             base, arm = r.arms["base"], r.arms[f"round-{r.round}"]
@@ -285,7 +287,7 @@ class Demo:
                 f"round {r.round}: {r.right}/{r.collected} collected runs right, held-out "
                 f"{_rate(base)} (base) -> {_rate(arm)}"
             )
-        return f"{agents.engine}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
+        return f"{engines[0] if engines else 'reused'}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
 
     def stage_export(self) -> tuple[str, bool]:
         from flowrl.export import ExportPipeline

@@ -10,7 +10,7 @@ _LAZY: dict[str, str] = {
     "Improve": "flowrl.improve.loop",
     "ImproveConfig": "flowrl.improve.loop",
     "ImproveError": "flowrl.improve.loop",
-    "Policy": "flowrl.improve.loop",
+    "Policy": "flowrl.engines.policy",
     "RoundResult": "flowrl.improve.loop",
 }
 

@@ -1,15 +1,19 @@
 """`flowrl improve`: collect -> score -> select -> train -> eval, in rounds, for any agent.
 
+Every agent runs on a `Policy`: an OpenAI-compatible endpoint (`flowrl.serve.policies.PolicyServer`: the base
+model loaded once, each round's LoRA adapter beside it, chosen per request by the policy's name, with the round's
+sampling fixed), so the agent's own code loads no model.
+
 Each round r:
 1. **collect**: the agent runs every train task `samples` times at `temperature` > 0 with the current policy
-   (the base model in round 1, round r-1's adapter after), hooked, into the store `out/traces` (session ids
-   `improve-r<r>-<task>-<k>`); each trace gets its task's reference answer and task key (the host knows them);
-2. **score**: the reward engine scores the round's traces (`reference_answer` says whether the answer is
-   right, the same rule `grade` applies in eval);
-3. **select**: rejection sampling (STaR / ReST-EM): the runs graded right in every round so far become an SFT
-   set (`--method kto`: every run, labelled by its grade); `control="unfiltered"` also builds an SFT set of
-   as many runs drawn from all of them, right or wrong, so learning from the reward can be told apart from
-   learning the format;
+   (the base model in round 1, round r-1's adapter after), hooked, into the store `out/traces`; each run is
+   graded by `grade` as it ends, and its trace gets its task's reference answer and task key (the host knows
+   them); the verdicts are kept in `out/round-<r>/collect.json`;
+2. **score**: the reward engine scores the round's traces (secondary rewards, for reports);
+3. **select**: rejection sampling (STaR / ReST-EM) on exactly `grade`'s verdicts: the runs graded right in
+   every round so far become an SFT set (`--method kto`: every run, labelled by its verdict);
+   `control="unfiltered"` also builds an SFT set of as many runs drawn from all of them, right or wrong, so
+   learning from the reward can be told apart from learning the format;
 4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far;
 5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
    greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
@@ -30,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flowrl.engines.policy import Policy
 from flowrl.errors import FlowRLError
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,8 @@ class ImproveConfig:
     max_steps: int | None = None
     learning_rate: float | None = None
     seed: int = 0
+    engine: str = "auto"  # the policy server's: auto, llama-server, transformers (flowrl.serve.policies)
+    slots: int = 8  # sequences the engine decodes together
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
 
@@ -70,16 +77,6 @@ class ImproveConfig:
             raise ImproveError(f"--control {self.control}: use unfiltered")
         if self.temperature <= 0:
             raise ImproveError("collecting needs sampling: use a --temperature above 0")
-
-
-@dataclass
-class Policy:
-    """What an agent factory gets: the model behind the agent, and how it samples."""
-
-    base_model: str
-    adapter: Path | None
-    temperature: float
-    seed: int
 
 
 AgentFactory = Callable[[Policy], Any]
@@ -117,6 +114,7 @@ class Improve:
         *,
         on_stage: Stage | None = None,
         on_progress: Progress | None = None,
+        policies: Any = None,
     ) -> None:
         overlap = {t.task_id for t in train_tasks} & {t.task_id for t in eval_tasks}
         if overlap:
@@ -130,9 +128,28 @@ class Improve:
         self.on_progress = on_progress or (lambda s, d, t: None)
         self.out = config.out
         self.by_id = {t.task_id: t for t in self.train_tasks}
+        # serves the policies: `policy(name, adapter, temperature=, seed=) -> Policy`; a PolicyServer when None
+        self.policies = policies
 
     # -- the rounds --------------------------------------------------------------------------------
     def run(self) -> list[RoundResult]:
+        if self.policies is not None:
+            return self._rounds()
+        from flowrl.serve.policies import PolicyServer
+
+        with PolicyServer(
+            self.cfg.base_model, engine=self.cfg.engine, workdir=self.out, slots=self.cfg.slots
+        ) as self.policies:
+            self.on_stage("engine", f"{self.policies.engine} at {self.policies.url}, {self.cfg.slots} slots")
+            try:
+                return self._rounds()
+            finally:
+                if self.policies.swap_seconds:
+                    swaps = ", ".join(f"{s:.2f}" for s in self.policies.swap_seconds)
+                    self.on_stage("engine", f"adapters loaded beside the base model in {swaps} s")
+                self.policies = None
+
+    def _rounds(self) -> list[RoundResult]:
         self.out.mkdir(parents=True, exist_ok=True)
         _write_json(
             self.out / "improve.json",
@@ -174,14 +191,14 @@ class Improve:
         from flowrl.evaluate.agent import run_tasks
 
         runs = [_Sample(t, k) for k in range(self.cfg.samples) for t in self.train_tasks]
-        policy = Policy(self.cfg.base_model, adapter, self.cfg.temperature, self.cfg.seed + r)
-        agent = self.make_agent(policy)
+        name = f"collect-{r}"
+        policy = self.policies.policy(name, adapter, temperature=self.cfg.temperature, seed=self.cfg.seed + r)
+        agent, options = driven(self.make_agent(policy), self.cfg)
         store = self.store()
-        hook = hook_into_agent(agent, store=store, metadata={"improve_round": r}, **self.cfg.hook_options)
+        hook = hook_into_agent(agent, store=store, metadata={"improve_round": r}, **options)
 
         async def run(agent: Any, sample: _Sample) -> str:
-            result = await agent.a_run(sample.query, session_id=f"improve-r{r}-{sample.task_id}")
-            return result if isinstance(result, str) else str(result)
+            return await run_agent(agent, sample.query, _session(r, sample.task_id))
 
         try:
             import asyncio
@@ -199,9 +216,10 @@ class Improve:
         finally:
             hook.flush()
             hook.unhook()
-        self.annotate(store, r)
+        verdicts = {_session(r, sample_id): ok for sample_id, ok in outcomes.items()}
+        self.annotate(store, {_session(r, s.task_id): s.task for s in runs})
         right = sum(outcomes.values())
-        _write_json(marker, {"runs": len(runs), "right": right, "written": hook.stats.written})
+        _write_json(marker, {"runs": len(runs), "right": right, "written": hook.stats.written, "verdicts": verdicts})
         self.on_stage(
             "collect",
             f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
@@ -209,14 +227,14 @@ class Improve:
         )
         return len(runs), right
 
-    def annotate(self, store: Any, r: int) -> None:
-        """The host's knowledge on each trace of the round: its task's reference answer and task key."""
-        prefix = f"improve-r{r}-"
+    def annotate(self, store: Any, tasks: dict[str, Any]) -> None:
+        """The host's knowledge on each trace of the round (`tasks`: session id -> task): its task's reference
+        answer and task key."""
         for trace in store.iter_traces():
-            if not trace.session_id.startswith(prefix):
+            task = tasks.get(trace.session_id)
+            if task is None:
                 continue
-            task = self.by_id.get(trace.session_id[len(prefix) :].rsplit("#", 1)[0])
-            if task is None or trace.metadata.get("reference_answer") == task.answer:
+            if trace.metadata.get("reference_answer") == task.answer and trace.group_key == task.task_id:
                 continue
             trace.metadata["reference_answer"] = task.answer
             trace.group_key = task.task_id
@@ -236,19 +254,24 @@ class Improve:
         store = self.store()
         with RewardEngine() as engine:
             score_store(store, engine)
-        traces = [
-            t
-            for t in store.iter_traces()
-            if t.session_id.startswith("improve-r") and int(t.session_id.split("-", 2)[1][1:]) <= r
-        ]
-        right = [t for t in traces if (t.rewards or {}).get("reference_answer") == 1.0]
+        verdicts: dict[str, bool] = {}
+        for k in range(1, r + 1):  # the user's grade, as collect recorded it: the one verdict selection uses
+            collected = self.out / f"round-{k}" / "collect.json"
+            recorded = json.loads(collected.read_text()).get("verdicts")
+            if recorded is None:
+                raise ImproveError(
+                    f"{collected} has no verdicts (an older flowrl wrote it): delete it to collect again"
+                )
+            verdicts.update(recorded)
+        traces = [t for t in store.iter_traces() if t.session_id in verdicts]
+        right = [t for t in traces if verdicts[t.session_id]]
         if not right:
             raise ImproveError(
                 f"round {r}: no run was graded right in {len(traces)} runs, so there is nothing to "
                 "learn from: raise --samples or --temperature, or use easier --train-tasks"
             )
         for t in traces:  # the grade is the label: what rejection sampling selects on
-            t.label, t.label_source = t in right, "engine"
+            t.label, t.label_source = verdicts[t.session_id], "engine"
         done: dict[str, Any] = {
             "n_selected": len(right) if self.cfg.method == "sft" else len(traces),
             "n_right": len(right),
@@ -314,14 +337,18 @@ class Improve:
     def _eval_arm(self, name: str, adapter: Path | None) -> dict[str, bool]:
         from flowrl.evaluate.agent import run_arms
 
-        policy = Policy(self.cfg.base_model, adapter, self.cfg.eval_temperature, self.cfg.seed)
+        policy = self.policies.policy(
+            f"eval-{name}", adapter, temperature=self.cfg.eval_temperature, seed=self.cfg.seed
+        )
+        agent, options = driven(self.make_agent(policy), self.cfg)
         outcomes = run_arms(
-            {name: lambda: self.make_agent(policy)},
+            {name: lambda: agent},
             self.eval_tasks,
             self.grade,
             concurrency=self.cfg.concurrency,
             store_root=self.out / "eval-traces",
-            hook_options=self.cfg.hook_options,
+            run=lambda agent, task: run_agent(agent, task.query, f"eval-{task.task_id}"),
+            hook_options=options,
             on_progress=lambda a, d, t: self.on_progress(f"eval {a}", d, t),
         )
         return {tid: arms[name] for tid, arms in outcomes.items()}
@@ -366,6 +393,57 @@ class Improve:
             self.on_stage("rewards", line)
 
 
+def driven(agent: Any, cfg: ImproveConfig) -> tuple[Any, dict[str, Any]]:
+    """What the loop runs and hooks for `agent`, and the hook's options. A FlowAgent, or an agent hooked with
+    `cfg.hook_options`, as it is; any other agent through `Driven`, so each run's trace carries the loop's session
+    id (what the verdicts are keyed by) whatever the agent's entry point takes, its OpenAI SDK and LiteLLM calls
+    recorded as its LLM calls."""
+    from flowrl.capture.flowagent import is_flowagent
+
+    if cfg.hook_options or is_flowagent(agent):
+        return agent, dict(cfg.hook_options)
+    return Driven(agent), {"run_methods": ["a_run"], "agent_name": type(agent).__name__}
+
+
+class Driven:
+    """A user's agent as the loop drives it: `a_run(query, session_id=...)` calls its `a_run` or `run` (in a
+    thread), with `session_id` when its signature takes one."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    async def a_run(self, query: str, session_id: str = "default") -> str:
+        import asyncio
+        import inspect
+
+        method = getattr(self.agent, "a_run", None) or getattr(self.agent, "run", None)
+        if method is None:
+            raise ImproveError(f"{type(self.agent).__name__} has neither a_run(query, ...) nor run(query, ...)")
+        try:
+            params = inspect.signature(method).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        takes_session = "session_id" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        kwargs = {"session_id": session_id} if takes_session else {}
+        if inspect.iscoroutinefunction(method):
+            result = await method(query, **kwargs)
+        else:
+            result = await asyncio.to_thread(method, query, **kwargs)
+        return result if isinstance(result, str) else str(result)
+
+
+def _session(r: int, sample_id: str) -> str:
+    """The session id of a collection run (unique across rounds and samples; nothing reads data back out of it)."""
+    return f"improve-r{r}-{sample_id}"
+
+
+async def run_agent(agent: Any, query: str, session_id: str) -> str:
+    """One run of what `driven` returned (a FlowAgent, a `Driven`, or an agent hooked as configured): its
+    `a_run(query, session_id=...)`; the answer as text."""
+    result = await agent.a_run(query, session_id=session_id)
+    return result if isinstance(result, str) else str(result)
+
+
 @dataclass(frozen=True)
 class _Sample:
     """One collection run: a train task, sampled the k-th time (ids stay unique across samples)."""
@@ -392,7 +470,8 @@ def improve(
     eval_tasks: list[Any],
     grade: Callable[[Any, str], bool],
     config: ImproveConfig,
-    **callbacks: Any,
+    **options: Any,
 ) -> list[RoundResult]:
-    """The loop for your own agent (see the module docstring); returns one result per round."""
-    return Improve(make_agent, train_tasks, eval_tasks, grade, config, **callbacks).run()
+    """The loop for your own agent (see the module docstring); returns one result per round. `options`:
+    `on_stage`, `on_progress`, `policies` (see `Improve`)."""
+    return Improve(make_agent, train_tasks, eval_tasks, grade, config, **options).run()

@@ -17,8 +17,8 @@ import urllib.request
 from typing import Any
 
 from flowrl.data.tokens import fold_tool_calls
+from flowrl.engines.chat_backend import Completion
 from flowrl.errors import FlowRLError
-from flowrl.train.chat_backend import Completion
 
 
 def use_served(agent: Any, url: str, name: str, *, api_key: str = "none", which: str = "both") -> dict[str, Any]:

@@ -2,16 +2,20 @@
 
 MODEL is one of:
 
-* a GGUF file: llama.cpp. Its tokenizer (which renders the chat template and must be the GGUF's vocabulary)
-  is `--tokenizer`, else the `merged/` folder `flowrl export` writes beside the file, else the file's folder;
-* a folder `flowrl export` wrote (it holds `export.json`): its GGUF with llama.cpp when llama-cpp-python is
-  installed, else its `merged/` folder with transformers;
+* a GGUF file: llama.cpp (its server when built, else llama-cpp-python). Its tokenizer (which renders the chat
+  template and must be the GGUF's vocabulary) is `--tokenizer`, else the `merged/` folder `flowrl export` writes
+  beside the file, else the file's folder;
+* a folder `flowrl export` wrote (it holds `export.json`): its GGUF with llama.cpp when it is there, else its
+  `merged/` folder with transformers;
 * a PEFT adapter folder from `flowrl train` (the base model from its adapter_config.json, or `--base-model`),
-  a Hugging Face model folder, or `default` (flowrl's SmolLM2-135M-Instruct): llama.cpp when installed (the
-  model, with the adapter merged in, is converted to GGUF once and cached under `$FLOWRL_MODELS/gguf/`), else
-  transformers, which needs no build.
+  a Hugging Face model folder, or `default` (flowrl's SmolLM2-135M-Instruct): on llama-server, the base model's
+  GGUF (converted once and cached under `$FLOWRL_MODELS/gguf/`) with the adapter beside it as a GGUF LoRA; on
+  llama-cpp-python, the model with the adapter merged in, converted and cached likewise; else transformers,
+  which needs no build.
 
-`--engine llama.cpp|transformers` forces one; asking for llama.cpp where llama-cpp-python is missing, or for
+`auto` takes llama-server when it is built (several requests decoded together; an adapter is loaded beside its
+base as a GGUF LoRA, not merged), else llama-cpp-python, else transformers (`flowrl.engines.choice`).
+`--engine llama-server|llama.cpp|transformers` forces one; asking for one that is not installed, or for
 transformers with a GGUF file, is one line naming the fix, never another engine in its place.
 """
 
@@ -39,25 +43,40 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def _llama_cpp() -> bool:
-    from flowrl.demo.llama_backend import llama_cpp_available
+    from flowrl.engines.llama_cpp_backend import llama_cpp_available
 
     return llama_cpp_available()
 
 
 def _need_llama_cpp(what: str) -> None:
     if not _llama_cpp():
-        from flowrl.demo.llama_backend import INSTALL_HINT
+        from flowrl.engines.llama_cpp_backend import INSTALL_HINT
 
         raise ConfigError(f"{what} needs llama-cpp-python: {INSTALL_HINT}")
+
+
+def _gguf_engine(engine: str, what: str) -> str:
+    """The llama.cpp engine for a GGUF: its server when built (or asked for), else llama-cpp-python."""
+    from flowrl.engines import llama_server
+
+    if engine == "llama-server" or (engine == "auto" and llama_server.available()):
+        llama_server.find_binary()
+        return "llama-server"
+    if engine == "auto" and not _llama_cpp():
+        from flowrl.engines.llama_cpp_backend import INSTALL_HINT
+
+        raise ConfigError(f"{what} needs llama-server ({llama_server.BUILD_HINT}) or llama-cpp-python ({INSTALL_HINT})")
+    _need_llama_cpp(what)
+    return "llama.cpp"
 
 
 def _gguf_plan(path: Path, engine: str, tokenizer: Path | None) -> Plan:
     if engine == "transformers":
         raise ConfigError(
-            f"{path} is a GGUF file, which transformers does not serve: use --engine llama.cpp (or auto), "
+            f"{path} is a GGUF file, which transformers does not serve: use --engine llama-server (or auto), "
             "or serve the merged/ folder flowrl export wrote beside it"
         )
-    _need_llama_cpp(f"serving {path}")
+    concrete = _gguf_engine(engine, f"serving {path}")
     candidates = [tokenizer] if tokenizer else [path.parent / "merged", path.parent]
     folder = next((c for c in candidates if c is not None and _has_tokenizer(c)), None)
     if folder is None:
@@ -66,7 +85,7 @@ def _gguf_plan(path: Path, engine: str, tokenizer: Path | None) -> Plan:
             f"did (looked in {', '.join(str(c) for c in candidates)}): pass --tokenizer FOLDER, e.g. the merged/ "
             "folder flowrl export writes"
         )
-    return Plan("llama.cpp", folder, gguf=path, name=path.stem)
+    return Plan(concrete, folder, gguf=path, name=path.stem)
 
 
 def _export_plan(folder: Path, engine: str) -> Plan:
@@ -87,11 +106,15 @@ def _export_plan(folder: Path, engine: str) -> Plan:
     if gguf is not None and not gguf.is_file():
         gguf = next(iter(sorted(folder.glob("*.gguf"))), None)
     name = gguf.stem if gguf else folder.name
-    if engine != "transformers" and gguf is not None and (engine == "llama.cpp" or _llama_cpp()):
-        return _gguf_plan(gguf, "llama.cpp", merged)
-    if engine == "llama.cpp":
-        _need_llama_cpp(f"serving {folder}")
-        return Plan("llama.cpp", merged, name=name)  # no GGUF there: converted from merged/ and cached
+    from flowrl.engines import llama_server
+
+    gguf_engine = engine in ("llama.cpp", "llama-server") or (
+        engine == "auto" and (llama_server.available() or _llama_cpp())
+    )
+    if gguf_engine and gguf is not None:
+        return _gguf_plan(gguf, engine, merged)
+    if gguf_engine:  # no GGUF there: converted from merged/ and cached
+        return Plan(_gguf_engine(engine, f"serving {folder}"), merged, name=name)
     if not (merged / "config.json").is_file():
         raise ConfigError(f"{folder}/export.json names no merged/ model folder: export again, or serve the GGUF file")
     return Plan("transformers", merged, name=name)
@@ -99,7 +122,7 @@ def _export_plan(folder: Path, engine: str) -> Plan:
 
 def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, tokenizer: str | None = None) -> Plan:
     """What to load for `spec` (the module docstring says how it is read)."""
-    from flowrl.demo.example_agents import ENGINES
+    from flowrl.engines.choice import ENGINES
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
@@ -121,13 +144,19 @@ def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, toke
     model_dir = Path(resolve_model(base_model).path if base_model else resolved.path)
     adapter = Path(resolved.adapter) if resolved.adapter else None
     name = (adapter or Path(resolved.path)).name if not resolved.builtin else "smollm2-135m-instruct"
-    from flowrl.demo.example_agents import pick_engine  # auto -> llama.cpp when installed, as the example agent picks
+    from flowrl.engines.choice import pick_engine
 
     return Plan(pick_engine(engine), model_dir, adapter=adapter, name=name)
 
 
-def load_backend(p: Plan, *, max_tokens: int = 512, temperature: float = 0.7, n_ctx: int = 4096, seed: int = 0) -> Any:
-    """The `TokensInBackend` that `p` describes."""
+def load_backend(
+    p: Plan, *, max_tokens: int = 512, temperature: float = 0.7, n_ctx: int = 4096, seed: int = 0, slots: int = 8
+) -> Any:
+    """The `TokensInBackend` that `p` describes. A llama-server backend owns a running server: stop it with
+    `backend.server.stop()` (`flowrl serve` does on exit)."""
+    if p.engine == "llama-server":
+        return _llama_server_backend(p, max_tokens=max_tokens, temperature=temperature, n_ctx=n_ctx, seed=seed,
+                                     slots=slots)  # fmt: skip
     kwargs: dict[str, Any] = {
         "adapter": p.adapter,
         "max_new_tokens": max_tokens,
@@ -135,9 +164,37 @@ def load_backend(p: Plan, *, max_tokens: int = 512, temperature: float = 0.7, n_
         "seed": seed,
     }
     if p.engine == "llama.cpp":
-        from flowrl.demo.llama_backend import LlamaCppBackend
+        from flowrl.engines.llama_cpp_backend import LlamaCppBackend
 
         return LlamaCppBackend(p.model_dir, gguf=p.gguf, n_ctx=n_ctx, **kwargs)
-    from flowrl.demo.backend import TransformersBackend
+    from flowrl.engines.transformers_backend import TransformersBackend
 
     return TransformersBackend(p.model_dir, batch_size=1, **kwargs)
+
+
+def _llama_server_backend(p: Plan, *, max_tokens: int, temperature: float, n_ctx: int, seed: int, slots: int) -> Any:
+    from flowrl.engines.llama_cpp_backend import gguf_for
+    from flowrl.engines.llama_server import LlamaServer
+    from flowrl.engines.lora_gguf import write_lora_gguf
+    from flowrl.engines.server_backend import LlamaServerBackend
+
+    adapters: dict[str, Path] = {}
+    if p.adapter is not None:  # beside the base, as a GGUF LoRA (written once into the adapter's folder)
+        lora = p.adapter / "adapter-lora-f32.gguf"
+        if not lora.is_file() or lora.stat().st_mtime < (p.adapter / "adapter_model.safetensors").stat().st_mtime:
+            write_lora_gguf(p.adapter, p.model_dir, lora)
+        adapters[p.name] = lora
+    server = LlamaServer(p.gguf or gguf_for(p.model_dir), adapters=adapters, slots=slots, ctx_per_slot=n_ctx)
+    server.start()
+    try:
+        return LlamaServerBackend(
+            p.model_dir,
+            server,
+            adapter=p.name if p.adapter is not None else None,
+            max_new_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+    except BaseException:
+        server.stop()
+        raise

@@ -10,8 +10,12 @@ The reply carries what the model saw and sampled the way vLLM returns them (`pro
 `token_ids` on the choice), so flowrl's capture records them and the next round trains on exactly those ids.
 Tool calls are parsed out of the reply in the form the template teaches (`flowrl.serve.tool_calls`).
 
-Requests run one at a time: sampling settings are per request, and on a CPU one sequence at a time is as fast
-as batching small models (docs/benchmarks.md).
+Several models may be served under their own names (`routes`): the base model and LoRA adapters on one engine,
+each with the sampling a policy fixes (`flowrl improve` serves each round's policy this way). A request names one
+with `model`; a name not served is answered by the first route, said once and counted. On an engine that decodes
+many sequences per step (`flowrl.engines.server_backend.LlamaServerBackend`: `concurrent = True`), requests run
+at once, each with its own sampling and adapter; other backends take one request at a time, their sampling set
+for it under a lock.
 """
 
 from __future__ import annotations
@@ -61,14 +65,28 @@ def _number(request: dict[str, Any], key: str, default: float, low: float, high:
     return float(value)
 
 
+@dataclass(frozen=True)
+class Route:
+    """What one served name answers with: a backend, the LoRA adapter on it (a concurrent backend's adapter
+    name; None: the base model, or whatever the backend was loaded with), and the sampling a policy fixes
+    (None: the request's)."""
+
+    backend: Any
+    adapter: str | None = None
+    temperature: float | None = None
+    seed: int | None = None
+
+
 class ServedModel:
-    """`backend`: a `flowrl.train.chat_backend.TokensInBackend` (its tokenizer renders, it generates)."""
+    """`backend`: a `flowrl.engines.chat_backend.TokensInBackend` (its tokenizer renders, it generates), served
+    as `name`; `add_route` serves more names (every backend must share the first one's tokenizer)."""
 
     def __init__(self, backend: Any, *, name: str, temperature: float = 0.7, max_tokens: int = 512) -> None:
         from trl.chat_template_utils import supports_tool_calling
 
         self.backend = backend
         self.name = name
+        self.routes: dict[str, Route] = {name: Route(backend, adapter=getattr(backend, "adapter_name", None))}
         self.default_temperature = temperature
         self.default_max_tokens = max_tokens
         self.tokenizer = backend.tokenizer
@@ -87,6 +105,23 @@ class ServedModel:
             "rendered" if self.renders_tool_calls else "folded into the assistant text",
             self.style or "no",
         )
+
+    def add_route(self, name: str, route: Route) -> None:
+        if route.backend.fingerprint != self.backend.fingerprint:
+            raise FlowRLError(f"{name}: its tokenizer is not {self.name}'s, so one template cannot render for both")
+        self.routes[name] = route
+
+    def route(self, request: dict[str, Any]) -> tuple[str, Route]:
+        asked = request.get("model")
+        if isinstance(asked, str) and asked in self.routes:
+            return asked, self.routes[asked]
+        if len(self.routes) > 1:
+            self.stats.note(
+                "model not served",
+                f"a request asked for model {asked!r}, which is not served here ({', '.join(self.routes)}): "
+                f"answered by {self.name}",
+            )
+        return self.name, self.routes[self.name]
 
     def _renders_tools(self) -> bool:
         plain = [{"role": "user", "content": "hi"}]
@@ -170,21 +205,32 @@ class ServedModel:
     # -- generation ----------------------------------------------------------------------------------------------
 
     def complete(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The chat completion for `request` (OpenAI's shape, plus vLLM's token id fields)."""
+        """The chat completion for `request` (OpenAI's shape, plus vLLM's token id fields; `logprobs.content` always,
+        asked for or not)."""
         sampling = self.sampling(request)
+        name, route = self.route(request)
+        sampling = self._policy_sampling(route, sampling, request)
         messages, tools = self.messages(request)
         prompt = self.prompt_ids(messages, tools)
-        with self._lock:
-            backend = self.backend
-            backend.temperature, backend.top_p = sampling.temperature, sampling.top_p
-            backend.max_new_tokens = sampling.max_tokens
-            if sampling.seed is not None:
-                backend.seed = sampling.seed
+        backend = route.backend
+        if getattr(backend, "concurrent", False):
+            from flowrl.engines.llama_server import Sampling as EngineSampling
+
             prompt = backend.reuse_sampled(prompt, same_text=True)
-            try:
-                reply = backend.complete_ids(prompt)
-            except ValueError as exc:  # a prompt longer than the context
-                raise RequestError(str(exc)) from exc
+            seed = backend.call_seed(sampling.seed if sampling.seed is not None else backend.seed)
+            engine = EngineSampling(sampling.temperature, sampling.top_p, backend.top_k, sampling.max_tokens, seed)
+            reply, _finish = backend.generate(prompt, engine, route.adapter)
+        else:
+            with self._lock:
+                backend.temperature, backend.top_p = sampling.temperature, sampling.top_p
+                backend.max_new_tokens = sampling.max_tokens
+                if sampling.seed is not None:
+                    backend.seed = sampling.seed
+                prompt = backend.reuse_sampled(prompt, same_text=True)
+                try:
+                    reply = backend.complete_ids(prompt)
+                except ValueError as exc:  # a prompt longer than the context
+                    raise RequestError(str(exc)) from exc
         tokens, logprobs = list(reply.token_ids or []), list(reply.logprobs or [])
         text, finish = reply.text, "stop"
         cut = self._cut_at_stop(tokens, sampling.stop) if sampling.stop else None
@@ -203,14 +249,14 @@ class ServedModel:
         if parsed.reasoning:
             message["reasoning_content"] = parsed.reasoning
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "token_ids": tokens}
-        if request.get("logprobs"):
-            choice["logprobs"] = {"content": self._logprobs(tokens, logprobs)}
+        # always, asked for or not: what the model sampled, and how likely it was, is what training needs
+        choice["logprobs"] = {"content": self._logprobs(tokens, logprobs)}
         self.stats.counts["requests"] += 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.name,
+            "model": name,
             "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt),
@@ -220,6 +266,24 @@ class ServedModel:
             "prompt_token_ids": prompt,
             "tokenizer": reply.tokenizer,  # its fingerprint: datasets use captured ids of the base's tokenizer only
         }
+
+    def _policy_sampling(self, route: Route, sampling: Sampling, request: dict[str, Any]) -> Sampling:
+        """`sampling` with what the route's policy fixes (said once when a request asked for other values)."""
+        if route.temperature is None and route.seed is None:
+            return sampling
+        asked = request.get("temperature")
+        if route.temperature is not None and asked is not None and float(asked) != route.temperature:
+            self.stats.note(
+                "temperature fixed by the policy",
+                f"a request asked for temperature {asked}; the policy it names samples at {route.temperature}",
+            )
+        from dataclasses import replace
+
+        return replace(
+            sampling,
+            temperature=sampling.temperature if route.temperature is None else route.temperature,
+            seed=sampling.seed if route.seed is None else route.seed,
+        )
 
     def _cut_at_stop(self, tokens: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
         """(tokens kept, text before the stop string) at the first token whose text reaches a stop string."""

@@ -72,8 +72,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         elif path in ("/v1/models", "/models"):
             created = int(self.server.started)
-            entry = {"id": self.server.model.name, "object": "model", "created": created, "owned_by": "flowrl"}
-            self._json(HTTPStatus.OK, {"object": "list", "data": [entry]})
+            entries = [
+                {"id": name, "object": "model", "created": created, "owned_by": "flowrl"}
+                for name in self.server.model.routes
+            ]
+            self._json(HTTPStatus.OK, {"object": "list", "data": entries})
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no route {self.path}: use /v1/chat/completions or /v1/models")
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrl.engines.chat_backend import Completion, TokensInBackend
 from flowrl.errors import FlowRLError, require
 from flowrl.facts import REFERENCE_KEYS, reference_in
-from flowrl.train.chat_backend import Completion, TokensInBackend
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl.demo.agent import Completion
+from flowrl.engines.chat_backend import Completion, TokensInBackend
 from flowrl.errors import ConfigError, FlowRLError, require
-from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
 

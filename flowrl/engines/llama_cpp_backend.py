@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from flowrl.engines.chat_backend import TokensInBackend
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.export.llama_quiet import ignore_llama_devnull
-from flowrl.train.chat_backend import TokensInBackend
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +224,9 @@ class LlamaCppBackend(TokensInBackend):
 
 
 def _top_k_top_p(scores: Any, top_k: int, top_p: float) -> Any:
-    """numpy twin of `flowrl.demo.backend._top_k_top_p` for one row. Not the torch one: sampling with torch on the
-    llama.cpp thread decoded about 15% slower (torch's own threads beside llama.cpp's; `bench/bench_backend.py`)."""
+    """numpy twin of `flowrl.engines.transformers_backend._top_k_top_p` for one row. Not the torch one: sampling
+    with torch on the llama.cpp thread decoded about 15% slower (torch's own threads beside llama.cpp's;
+    `bench/bench_backend.py`)."""
     import numpy as np
 
     scores = scores.copy()

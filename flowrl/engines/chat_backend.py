@@ -7,9 +7,10 @@ so datasets train on exactly these ids (docs/datasets.md).
 `TokensInBackend` renders the chat template with the model's own tokenizer, puts every reply it sampled earlier in
 the conversation back as the ids it sampled (the agent keeps only text and re-renders tool calls, and re-tokenizing
 that text can give other ids: `"}}` as one token or two), and builds the `Completion`. A subclass implements
-`_generate(prompt ids) -> (sampled ids, logprobs)`: `flowrl.demo.backend.TransformersBackend` (batching),
-`flowrl.demo.llama_backend.LlamaCppBackend` (llama.cpp), `flowrl.train.agent_rollout.PolicyBackend` (the policy
-a trainer is training). It lives in `train` so rollouts through an agent can use it; it imports nothing heavy.
+`_generate(prompt ids) -> (sampled ids, logprobs)`: `flowrl.engines.transformers_backend.TransformersBackend`
+(batching), `flowrl.engines.llama_cpp_backend.LlamaCppBackend` (llama.cpp), `flowrl.train.agent_rollout.PolicyBackend`
+(the policy a trainer is training). It lives in `engines` so rollouts through an agent can use it; it imports nothing
+heavy.
 """
 
 from __future__ import annotations
@@ -185,3 +186,9 @@ def _content(message: dict[str, Any]) -> str:
     if message.get("role") == "tool":
         text = f"[{message.get('name', 'tool')} result] {text}"
     return text.strip()
+
+
+def flatten_message(message: dict[str, Any]) -> dict[str, str]:
+    """`message` as the text-only turn local backends render: tool calls written into the assistant text, a tool
+    result as `[name result] text` (for agents whose own format is text, like the example agent)."""
+    return {"role": str(message["role"]), "content": _content(message)}

@@ -1,0 +1,104 @@
+"""What `flowrl improve --agent MODULE:FACTORY --tasks FILE [--grade MODULE:FN]` reads: the user's own agent.
+
+* `FILE`: JSONL, one task a line, `{"task_id": ..., "query": ..., "answer": ...}` (ids unique, strings).
+* `split_tasks`: held-out and train tasks with no overlap, by a seeded hash of each task id, so the split does
+  not depend on the file's order and a task never moves between them when others are added.
+* `default_grade`: right when the reference answer occurs in the agent's answer as a whole word or number
+  (case and surrounding punctuation ignored; `4` is not found in `42` or `4.5`).
+* `load_object("pkg.module:name")` or `"path/to/file.py:name"`: the factory (`factory(policy) -> agent`, the agent
+  with `async a_run(query, session_id=...)` or `run(query)`) and the grade (`grade(task, answer) -> bool`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    query: str
+    answer: str
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--tasks {path}: cannot be read ({exc})") from exc
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON ({exc}): one task a line, {{task_id, query, answer}}") from exc
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("task_id", "query", "answer")):
+            raise ConfigError(f"{path}:{n}: a task needs task_id, query and answer, each a string")
+        if row["task_id"] in seen:
+            raise ConfigError(f"{path}:{n}: task_id {row['task_id']!r} repeats: every task needs its own id")
+        seen.add(row["task_id"])
+        tasks.append(Task(row["task_id"], row["query"], row["answer"]))
+    if not tasks:
+        raise ConfigError(f"--tasks {path}: no tasks in it")
+    return tasks
+
+
+def split_tasks(
+    tasks: list[Task], train: int | None, held_out: int | None, seed: int = 0
+) -> tuple[list[Task], list[Task]]:
+    """(train, held-out). `held_out` defaults to a third of the tasks, `train` to the rest."""
+    ordered = sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:{t.task_id}".encode()).hexdigest())
+    n_eval = held_out if held_out is not None else max(1, len(tasks) // 3)
+    n_train = train if train is not None else len(tasks) - n_eval
+    if n_eval < 1 or n_train < 1 or n_eval + n_train > len(tasks):
+        raise ConfigError(
+            f"--train-tasks {n_train} and --eval-tasks {n_eval}: the file has {len(tasks)} tasks, and each side "
+            "needs at least one, with no task in both"
+        )
+    return ordered[n_eval : n_eval + n_train], ordered[:n_eval]
+
+
+def default_grade(task: Any, answer: str) -> bool:
+    """The reference answer occurs in `answer` as a whole word or number."""
+    wanted = str(task.answer).strip()
+    if not wanted:
+        return False
+    pattern = r"(?<![\w.])" + re.escape(wanted) + r"(?![\w]|[.,]\d)"
+    return re.search(pattern, str(answer), flags=re.IGNORECASE) is not None
+
+
+def load_object(spec: str, what: str) -> Any:
+    """`module:name` (a module importable from here or the current folder) or `file.py:name`."""
+    module_name, sep, name = spec.rpartition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"{what} {spec!r}: use MODULE:NAME (e.g. my_agent:make_agent) or path/to/file.py:NAME")
+    try:
+        if module_name.endswith(".py"):  # imported by name from its folder, so its own sibling imports work too
+            path = Path(module_name).resolve()
+            if not path.is_file():
+                raise ConfigError(f"{what} {spec!r}: {path} is not a Python file")
+            folder, module_name = str(path.parent), path.stem
+        else:
+            folder = str(Path.cwd())
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what} {spec!r}: cannot import {module_name} ({exc})") from exc
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise ConfigError(f"{what} {spec!r}: {module_name} has no callable {name!r}")
+    return found
