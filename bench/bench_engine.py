@@ -3,7 +3,7 @@ llama-server (`flowrl.serve.policies.PolicyServer`, what `flowrl improve` and `f
 today's `LlamaCppBackend` (llama-cpp-python in-process, one sequence at a time) on the same tasks, in one run;
 and the time to load an adapter beside the base model.
 
-    python bench/bench_engine.py [--tasks 16] [--concurrency 1,2,4,8] [--temperature 0] [--json FILE]
+    python bench/bench_engine.py [--tasks 48] [--concurrency 1,2,4,8] [--temperature 0] [--json FILE]
 
 SmolLM2-135M-Instruct, q8_0 (the GGUF flowrl writes), 2 threads on this machine. Each phase runs the example
 agent's whole loop (its tools executed in the sandbox) on the same `--tasks` tasks of the generated suite;
@@ -69,7 +69,7 @@ def _random_adapter(model_dir: Path, out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=48)
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--json", type=Path, default=None)

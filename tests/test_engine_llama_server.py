@@ -69,8 +69,8 @@ def test_a_reply_has_the_ids_the_model_sampled_and_their_logprobs(model_dir: Pat
     from flowrl.engines.llama_cpp_backend import LlamaCppBackend
     from flowrl.engines.server_backend import LlamaServerBackend
 
-    # flash attention off, as llama-cpp-python runs: llama-server's default (on) moves logprobs by up to 0.12 here
-    with LlamaServer(base_gguf, slots=2, extra_args=("-fa", "off")) as server:
+    # flash attention is off, as llama-cpp-python runs (llama-server's default, on, moved logprobs by up to 0.12)
+    with LlamaServer(base_gguf, slots=2) as server:
         backend = LlamaServerBackend(model_dir, server, max_new_tokens=24, temperature=0.0)
         reply = backend.complete(QUESTION)
         assert reply.token_ids and len(reply.logprobs or []) == len(reply.token_ids)
