@@ -4,7 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flowrl-installed
 # llama.cpp for this CPU, without AMX: a virtual machine may list AMX and still not run it (ggml's q8_0 AMX
-# kernels died with SIGILL here); flowrl/engines/llama_server_build.py builds llama-server the same way
+# kernels died with SIGILL here); flowrl/engines/llama_server_build.py builds llama-server the same way. Built with
+# --no-cache-dir: pip's wheel cache is keyed by the sdist, not CMAKE_ARGS, and would hand back a wheel built otherwise
 LLAMA_CMAKE_ARGS := $(if $(filter x86_64,$(shell uname -m)),-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16',)
 
 .PHONY: setup system-deps test test-fast lint demo bench clean
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[train,dev]'
 	@echo "building llama-cpp-python (llama.cpp from source, about 7 minutes the first time)..."
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -c constraints.txt -e '.[llama]' >$(VENV)/llama-build.log 2>&1 \
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q --no-cache-dir -c constraints.txt -e '.[llama]' >$(VENV)/llama-build.log 2>&1 \
 	  || echo "warning: llama-cpp-python did not build (see $(VENV)/llama-build.log; it needs a C compiler: apt-get install build-essential). The example agent will generate with transformers, 4-6x slower, and the llama.cpp tests skip"
 	@echo "building llama-server (llama.cpp's own server, from the same sources, about 7-10 minutes the first time)..."
 	@$(BIN)/python -m flowrl.engines.llama_server_build >$(VENV)/llama-server-build.log 2>&1 \
