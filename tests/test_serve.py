@@ -276,3 +276,50 @@ def test_a_flowagent_reaches_it_through_its_litellm_model_string(served: Any) ->
     assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"key": "k"}
     restore_model(agent, previous)
     assert agent.amd.fast_llm_model == "openrouter/a" and agent.amd.api_base is None
+
+
+class SlowBackend(ScriptedBackend):
+    """Records how many calls it generates at once and under which temperature each ran."""
+
+    def __init__(self) -> None:
+        super().__init__(["ok"] * 64)
+        import threading
+
+        self.at_once = 0
+        self.most_at_once = 0
+        self.seen: list[tuple[float, float]] = []  # (temperature asked, temperature the backend had)
+        self._count = threading.Lock()
+
+    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+        import time
+
+        with self._count:
+            self.at_once += 1
+            self.most_at_once = max(self.most_at_once, self.at_once)
+            temperature = self.temperature
+        time.sleep(0.2)
+        with self._count:
+            self.at_once -= 1
+            self.seen.append((temperature, self.temperature))
+        return super()._generate(prompt)
+
+
+def test_requests_with_the_same_sampling_run_together_and_others_wait() -> None:
+    """A backend whose sampling is set on it (transformers, llama-cpp-python): requests that share settings are
+    generated at once, so a batching backend batches them; a request with other settings never changes them under
+    a call in flight (it used to take the whole server one request at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowrl.serve.model import ServedModel
+
+    backend = SlowBackend()
+    model = ServedModel(backend, name="tiny")
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: model.complete(dict(ask, temperature=0.5)), range(4)))
+        assert backend.most_at_once == 4
+        backend.most_at_once = 0
+        mixed = [dict(ask, temperature=t) for t in (0.1, 0.9) * 4]
+        list(pool.map(model.complete, mixed))
+    assert all(asked == had for asked, had in backend.seen)  # no call saw its temperature changed mid-call
+    assert backend.most_at_once <= 4

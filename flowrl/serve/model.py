@@ -14,8 +14,9 @@ Several models may be served under their own names (`routes`): the base model an
 each with the sampling a policy fixes (`flowrl improve` serves each round's policy this way). A request names one
 with `model`; a name not served is answered by the first route, said once and counted. On an engine that decodes
 many sequences per step (`flowrl.engines.server_backend.LlamaServerBackend`: `concurrent = True`), requests run
-at once, each with its own sampling and adapter; other backends take one request at a time, their sampling set
-for it under a lock.
+at once, each with its own sampling and adapter; on other backends, whose sampling is set on the backend, requests
+with the same sampling run at once (the transformers backend batches them) and one with other settings waits
+for them.
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ class ServedModel:
         self.renders_tool_calls = bool(supports_tool_calling(self.tokenizer))
         self.renders_tools = self._renders_tools()
         self.stats = RenderStats()  # counts; what the model cannot do faithfully is logged the first time
-        self._lock = threading.Lock()
+        self._settings = threading.Condition()
+        self._leases: dict[
+            int, tuple[tuple[Any, ...], int]
+        ] = {}  # id(backend) -> (its sampling settings, calls in flight)
         log.info(
             "%s: tool definitions %s, tool calls %s, replies parsed for tool calls: %s",
             name,
@@ -221,16 +225,14 @@ class ServedModel:
             engine = EngineSampling(sampling.temperature, sampling.top_p, backend.top_k, sampling.max_tokens, seed)
             reply, _finish = backend.generate(prompt, engine, route.adapter)
         else:
-            with self._lock:
-                backend.temperature, backend.top_p = sampling.temperature, sampling.top_p
-                backend.max_new_tokens = sampling.max_tokens
-                if sampling.seed is not None:
-                    backend.seed = sampling.seed
+            self._lease(backend, sampling)
+            try:
                 prompt = backend.reuse_sampled(prompt, same_text=True)
-                try:
-                    reply = backend.complete_ids(prompt)
-                except ValueError as exc:  # a prompt longer than the context
-                    raise RequestError(str(exc)) from exc
+                reply = backend.complete_ids(prompt)
+            except ValueError as exc:  # a prompt longer than the context
+                raise RequestError(str(exc)) from exc
+            finally:
+                self._release(backend)
         tokens, logprobs = list(reply.token_ids or []), list(reply.logprobs or [])
         text, finish = reply.text, "stop"
         cut = self._cut_at_stop(tokens, sampling.stop) if sampling.stop else None
@@ -266,6 +268,29 @@ class ServedModel:
             "prompt_token_ids": prompt,
             "tokenizer": reply.tokenizer,  # its fingerprint: datasets use captured ids of the base's tokenizer only
         }
+
+    def _lease(self, backend: Any, sampling: Sampling) -> None:
+        """Set `backend`'s sampling for this call. Calls with the same settings run together (a batching backend
+        batches them); a call with other settings waits until those in flight are done."""
+        key = (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed)
+        with self._settings:
+            while True:
+                current, in_flight = self._leases.get(id(backend), (None, 0))
+                if current == key or in_flight == 0:
+                    break
+                self._settings.wait()
+            if current != key:
+                backend.temperature, backend.top_p = sampling.temperature, sampling.top_p
+                backend.max_new_tokens = sampling.max_tokens
+                if sampling.seed is not None:
+                    backend.seed = sampling.seed
+            self._leases[id(backend)] = (key, in_flight + 1)
+
+    def _release(self, backend: Any) -> None:
+        with self._settings:
+            key, in_flight = self._leases[id(backend)]
+            self._leases[id(backend)] = (key, in_flight - 1)
+            self._settings.notify_all()
 
     def _policy_sampling(self, route: Route, sampling: Sampling, request: dict[str, Any]) -> Sampling:
         """`sampling` with what the route's policy fixes (said once when a request asked for other values)."""
