@@ -121,3 +121,14 @@ def test_report_cli_on_a_segment_store(tmp_path: Path, capsys: pytest.CaptureFix
     page = (tmp_path / "out" / "index.html").read_text()
     assert "&lt;b&gt;evil&lt;/b&gt;" in page and "<b>evil</b>" not in page
     assert "6 traces" in capsys.readouterr().out
+
+
+def test_success_rates_are_drawn_on_an_axis_that_shows_them() -> None:
+    """1/60 -> 3/60 drawn on 0..1 read as zero (the demo's first report); the axis now ends a little above the
+    highest interval, on a step of 0.05, and still at 1 for rates near it."""
+    from flowrl.report.plots import rate_top
+
+    low = [{"rate": 1 / 60, "ci95": [0.003, 0.089]}, {"rate": 3 / 60, "ci95": [0.017, 0.137]}]
+    assert rate_top(low) == pytest.approx(0.2)
+    assert rate_top([{"rate": 0.9, "ci95": [0.8, 0.97]}]) == 1.0
+    assert all(rate_top([{"rate": r, "ci95": [r, hi]}]) >= hi for r, hi in ((0.0, 0.06), (0.3, 0.45), (0.5, 0.86)))

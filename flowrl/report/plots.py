@@ -116,6 +116,15 @@ def _yerr(figures: list[dict[str, Any]]) -> list[list[float]]:
     ]
 
 
+def rate_top(figures: list[dict[str, Any]]) -> float:
+    """The top of a success-rate axis that shows these rates: a little above the highest interval's top, on a
+    step of 0.05, at most 1 (rates of a few percent drawn on 0..1 read as zero)."""
+    import math
+
+    highest = max((f["ci95"][1] for f in figures), default=1.0)
+    return min(1.0, math.ceil((highest * 1.15 + 0.01) / 0.05) * 0.05)
+
+
 def success_chart(ev: EvalFile, out: Path, index: int) -> str | None:
     """Success rate per arm, with its Wilson 95% interval as error bars."""
     arms = list(ev.data["arms"])
@@ -134,7 +143,7 @@ def success_chart(ev: EvalFile, out: Path, index: int) -> str | None:
         error_kw={"ecolor": "#1f2933", "lw": 1},
     )
     ax.set_xticks(range(len(arms)), arms, rotation=20 if len(arms) > 3 else 0)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, rate_top(figures))
     ax.set_ylabel("success rate")
     ax.set_title(f"Held-out success (n={figures[0]['n']})\nerror bars: 95% Wilson intervals")
     return _save(fig, out / f"success_{index}.png")
@@ -170,7 +179,7 @@ def rounds_chart(files: list[EvalFile], out: Path, index: int) -> str | None:
     ax.set_xticks(rounds, [str(r) for r in rounds])
     ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)  # one round: the dodged arms stay side by side
     ax.set_xlabel("round")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, rate_top([f for points in series.values() for _, f in points]))
     ax.set_ylabel("success rate")
     ax.legend(frameon=False, fontsize=8)
     n = next(iter(files[0].data["arms"].values()))["n"]
