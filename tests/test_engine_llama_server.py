@@ -189,3 +189,23 @@ def test_a_missing_binary_names_the_build(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv(llama_server.BINARY_ENV, str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="llama_server_build"):
         llama_server.find_binary()
+
+
+def test_a_reply_split_inside_utf8_characters_keeps_its_ids_and_no_made_up_logprobs(
+    model_dir: Path, base_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama-server records no probability for a token whose text ends inside a UTF-8 character (emoji are
+    several byte tokens). Such a reply made the engine raise (`make demo` stopped on it); it now comes back with
+    every sampled id and logprobs None, said once and counted."""
+    import logging
+
+    from flowrl.engines.server_backend import LlamaServerBackend
+
+    with LlamaServer(base_gguf, slots=1) as server:
+        backend = LlamaServerBackend(model_dir, server, max_new_tokens=24, temperature=0.0)
+        with caplog.at_level(logging.WARNING, logger="flowrl.engines.llama_server"):
+            replies = [backend.complete([{"role": "user", "content": q}]) for q in ("Write three emoji.",) * 2]
+        plain = backend.complete(QUESTION)
+    assert all(r.token_ids and len(r.token_ids) == 24 and r.logprobs is None for r in replies)
+    assert server.replies_without_logprobs == 2 and caplog.text.count("no probability for") == 1
+    assert plain.logprobs is not None and len(plain.logprobs) == len(plain.token_ids or [])

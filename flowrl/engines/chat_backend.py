@@ -116,10 +116,11 @@ class TokensInBackend:
         tokens, logprobs = self._generate(prompt)
         return self._completion(prompt, tokens, logprobs)
 
-    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float] | None]:
+        """(sampled ids, their log-probabilities, or None where the engine cannot give one for every token)"""
         raise NotImplementedError
 
-    def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float]) -> Completion:
+    def _completion(self, prompt: list[int], tokens: list[int], logprobs: list[float] | None) -> Completion:
         with self._tokenizer_lock:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         completion = Completion(
@@ -128,7 +129,7 @@ class TokensInBackend:
             completion_tokens=len(tokens),
             prompt_token_ids=list(prompt),
             token_ids=list(tokens),
-            logprobs=[round(v, 6) for v in logprobs],
+            logprobs=[round(v, 6) for v in logprobs] if logprobs is not None else None,
             tokenizer=self.fingerprint,
         )
         with self._sampled_lock:  # before the caller hears back, so its next turn finds this reply

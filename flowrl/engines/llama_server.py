@@ -73,10 +73,11 @@ class Sampling:
 @dataclass(frozen=True)
 class Generated:
     """A reply from the engine: sampled ids (end-of-turn token included when the model ended its turn), their
-    log-probabilities, and why it stopped (`stop`: the model's end of turn; `length`: `max_tokens`)."""
+    log-probabilities (None when llama-server did not give one for every token: see `generate`), and why it
+    stopped (`stop`: the model's end of turn; `length`: `max_tokens`)."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     finish: str
 
 
@@ -153,6 +154,7 @@ class LlamaServer:
         self.extra_args = tuple(extra_args)  # more llama-server flags, e.g. ("-fa", "off")
         self.port = 0
         self.restarts = 0
+        self.replies_without_logprobs = 0  # see `generate`
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
         self._lock = threading.RLock()  # start/stop/restart against requests reading the port
@@ -342,17 +344,37 @@ class LlamaServer:
             body["seed"] = int(sampling.seed) & 0xFFFFFFFE  # LLAMA_DEFAULT_SEED (0xFFFFFFFF) means random
         reply = self._post("/completion", body)
         tokens = [int(t) for t in reply.get("tokens") or []]
-        probs = reply.get("completion_probabilities") or []
-        if len(probs) != len(tokens):
-            raise EngineError(f"llama-server returned {len(tokens)} tokens and {len(probs)} probabilities")
+        finish = "length" if reply.get("stop_type") == "limit" else "stop"
+        return Generated(tokens, self._logprobs(tokens, reply.get("completion_probabilities") or [], greedy), finish)
+
+    def _logprobs(self, tokens: list[int], probs: list[dict[str, Any]], greedy: bool) -> list[float] | None:
+        """Each sampled token's log-probability, matched to the tokens by id. llama-server leaves out a token
+        whose text ends inside a UTF-8 character (it records probabilities only for text it has sent): such a
+        reply gets None rather than a guess, said once and counted in `replies_without_logprobs`."""
         import math
 
-        if greedy:
-            logprobs = [float(p["logprob"]) for p in probs]
-        else:
-            logprobs = [math.log(p["prob"]) if p["prob"] > 0 else float("-inf") for p in probs]
-        finish = "length" if reply.get("stop_type") == "limit" else "stop"
-        return Generated(tokens, logprobs, finish)
+        values: list[float] = []
+        j = 0
+        for token in tokens:
+            if j < len(probs) and int(probs[j].get("id", -1)) == token:
+                p = probs[j]
+                values.append(float(p["logprob"]) if greedy else (math.log(p["prob"]) if p["prob"] > 0 else -math.inf))
+                j += 1
+        if j != len(probs):
+            raise EngineError(
+                f"llama-server returned probabilities for tokens it did not sample ({len(probs)} for {len(tokens)})"
+            )
+        if len(values) == len(tokens):
+            return values
+        self.replies_without_logprobs += 1
+        if self.replies_without_logprobs == 1:
+            log.warning(
+                "llama-server gave no probability for %d of %d tokens of a reply (tokens ending inside a UTF-8 "
+                "character): such replies are returned without logprobs (counted in replies_without_logprobs)",
+                len(tokens) - len(values),
+                len(tokens),
+            )
+        return None
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -62,7 +62,7 @@ class LlamaServerBackend(TokensInBackend):
             number = next(self._numbers)
         return (seed * 1_000_003 + number) % (2**31)
 
-    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
+    def _generate(self, prompt: list[int]) -> tuple[list[int], list[float] | None]:
         sampling = Sampling(
             temperature=self.temperature,
             top_p=self.top_p,

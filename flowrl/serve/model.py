@@ -233,11 +233,13 @@ class ServedModel:
                 raise RequestError(str(exc)) from exc
             finally:
                 self._release(backend)
-        tokens, logprobs = list(reply.token_ids or []), list(reply.logprobs or [])
+        tokens = list(reply.token_ids or [])
+        logprobs = list(reply.logprobs) if reply.logprobs is not None else None
         text, finish = reply.text, "stop"
         cut = self._cut_at_stop(tokens, sampling.stop) if sampling.stop else None
         if cut is not None:
-            tokens, logprobs, text = tokens[: cut[0]], logprobs[: cut[0]], cut[1]
+            tokens, text = tokens[: cut[0]], cut[1]
+            logprobs = logprobs[: cut[0]] if logprobs is not None else None
         elif tokens and tokens[-1] not in backend.stop_ids and len(tokens) >= sampling.max_tokens:
             finish = "length"
         parsed = parse_reply(text, self.style) if tools else ParsedReply(text)
@@ -252,7 +254,7 @@ class ServedModel:
             message["reasoning_content"] = parsed.reasoning
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "token_ids": tokens}
         # always, asked for or not: what the model sampled, and how likely it was, is what training needs
-        choice["logprobs"] = {"content": self._logprobs(tokens, logprobs)}
+        choice["logprobs"] = {"content": self._logprobs(tokens, logprobs)} if logprobs is not None else None
         self.stats.counts["requests"] += 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
