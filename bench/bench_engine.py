@@ -78,7 +78,7 @@ def main() -> None:
     from flowrl.demo.agent import ExampleAgent
     from flowrl.demo.example_agents import ExampleAgents, example_tasks
     from flowrl.engines.llama_cpp_backend import LlamaCppBackend, gguf_for
-    from flowrl.engines.lora_gguf import write_lora_gguf
+    from flowrl.engines.lora_gguf import BESIDE, write_lora_gguf
     from flowrl.models import resolve_model
     from flowrl.serve.policies import PolicyServer
 
@@ -106,7 +106,7 @@ def main() -> None:
         for k in range(3):
             adapter = _random_adapter(model_dir, Path(scratch) / f"adapter-{k}")
             started = time.perf_counter()
-            write_lora_gguf(adapter, model_dir, adapter / "adapter-lora-f32.gguf")
+            write_lora_gguf(adapter, model_dir, adapter / BESIDE)
             written = time.perf_counter() - started
             server.policy(f"round-{k}", adapter, temperature=0.0)
             swaps.append({"write_gguf_s": round(written, 2), "load_s": round(server.swap_seconds[-1], 2)})

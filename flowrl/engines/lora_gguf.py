@@ -115,3 +115,15 @@ def write_lora_gguf(adapter: str | Path, base_model: str | Path, out: str | Path
 
     write_gguf(out, spec.gguf_arch, fill, infos, stream)
     return out
+
+
+BESIDE = "adapter-lora-f32.gguf"  # the GGUF LoRA `lora_beside` keeps in the adapter's own folder
+
+
+def lora_beside(adapter: str | Path, base_model: str | Path) -> Path:
+    """`adapter`'s GGUF LoRA in its own folder, written when missing or older than the adapter's weights."""
+    adapter = Path(adapter)
+    out = adapter / BESIDE
+    if not out.is_file() or out.stat().st_mtime < (adapter / "adapter_model.safetensors").stat().st_mtime:
+        write_lora_gguf(adapter, base_model, out)
+    return out

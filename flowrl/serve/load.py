@@ -175,15 +175,12 @@ def load_backend(
 def _llama_server_backend(p: Plan, *, max_tokens: int, temperature: float, n_ctx: int, seed: int, slots: int) -> Any:
     from flowrl.engines.llama_cpp_backend import gguf_for
     from flowrl.engines.llama_server import LlamaServer
-    from flowrl.engines.lora_gguf import write_lora_gguf
+    from flowrl.engines.lora_gguf import lora_beside
     from flowrl.engines.server_backend import LlamaServerBackend
 
     adapters: dict[str, Path] = {}
     if p.adapter is not None:  # beside the base, as a GGUF LoRA (written once into the adapter's folder)
-        lora = p.adapter / "adapter-lora-f32.gguf"
-        if not lora.is_file() or lora.stat().st_mtime < (p.adapter / "adapter_model.safetensors").stat().st_mtime:
-            write_lora_gguf(p.adapter, p.model_dir, lora)
-        adapters[p.name] = lora
+        adapters[p.name] = lora_beside(p.adapter, p.model_dir)
     server = LlamaServer(p.gguf or gguf_for(p.model_dir), adapters=adapters, slots=slots, ctx_per_slot=n_ctx)
     server.start()
     try:

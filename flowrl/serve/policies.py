@@ -153,15 +153,12 @@ class PolicyServer:
         """The engine's name for `adapter`, converted and loaded the first time it is asked for."""
         import hashlib
 
-        from flowrl.engines.lora_gguf import write_lora_gguf
+        from flowrl.engines.lora_gguf import lora_beside
 
         key = hashlib.sha256(str(adapter.resolve()).encode()).hexdigest()[:12]
         if key in self._gguf_adapters:
             return key
-        out = adapter / "adapter-lora-f32.gguf"
-        if not out.is_file() or out.stat().st_mtime < (adapter / "adapter_model.safetensors").stat().st_mtime:
-            write_lora_gguf(adapter, self.model_dir, out)
-        self._gguf_adapters[key] = out
+        self._gguf_adapters[key] = lora_beside(adapter, self.model_dir)
         seconds = self._llama.set_adapters(dict(self._gguf_adapters))
         self.swap_seconds.append(seconds)
         log.info("adapter %s loaded beside the base model (%.2f s)", adapter, seconds)
