@@ -323,3 +323,22 @@ def test_requests_with_the_same_sampling_run_together_and_others_wait() -> None:
         list(pool.map(model.complete, mixed))
     assert all(asked == had for asked, had in backend.seen)  # no call saw its temperature changed mid-call
     assert backend.most_at_once <= 4
+
+
+def test_a_policy_caps_the_new_tokens_a_request_asks_for() -> None:
+    """A FlowAgent asks for 16,384 new tokens on every call; a sampled reply that never ends then held a
+    llama-server slot for minutes (seen: 3,000 tokens and counting, at 12 tokens/s). A policy's route caps it,
+    said once and counted; the served base name keeps the request's value."""
+    from flowrl.serve.model import Route, ServedModel
+
+    backend = ScriptedBackend(["one two three four five six seven eight nine ten"] * 3)
+    model = ServedModel(backend, name="tiny")
+    model.add_route("collect-1", Route(backend, temperature=0.8, seed=1, max_tokens=4))
+    body = {"messages": [{"role": "user", "content": "count"}], "max_tokens": 16384}
+    capped = model.complete({**body, "model": "collect-1"})
+    assert len(capped["choices"][0]["token_ids"]) == 4
+    assert model.stats.counts["max_tokens capped by the policy"] == 1
+    model.complete({**body, "model": "collect-1"})
+    assert model.stats.counts["max_tokens capped by the policy"] == 2 and len(model.stats.notes) == 1
+    whole = model.complete({**body, "model": "tiny"})
+    assert len(whole["choices"][0]["token_ids"]) > 4

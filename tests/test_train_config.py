@@ -178,3 +178,22 @@ def test_train_command_needs_method_and_dataset() -> None:
     from flowrl.cli import main
 
     assert main(["train", "--dataset", "x"]) == 2
+
+
+def test_long_rows_keep_the_profiles_tokens_per_step_not_its_row_count() -> None:
+    """A FlowAgent's rows are about 2,500 tokens; `flowrl improve --context 8192` trained them 4 at a time with
+    activations kept (the profile's batch for 1,024-token rows) and was killed for memory at 22 GiB."""
+    s = resolve_settings(TrainingConfig(method="sft", dataset=Path("d"), max_length=8192), CPU)
+    assert (s.per_device_train_batch_size, s.gradient_accumulation_steps) == (1, 4)
+    assert s.effective_batch_size == 4 and s.gradient_checkpointing is True
+    assert any("max_length 8192" in n for n in s.notes)
+    kto = resolve_settings(TrainingConfig(method="kto", dataset=Path("d"), max_length=8192), CPU)
+    assert kto.per_device_train_batch_size == 2 and kto.effective_batch_size == 4  # KTO's KL needs 2 rows
+    mid = resolve_settings(TrainingConfig(method="sft", dataset=Path("d"), max_length=2048), CPU)
+    assert (mid.per_device_train_batch_size, mid.gradient_accumulation_steps) == (2, 2)
+    asked = resolve_settings(
+        TrainingConfig(method="sft", dataset=Path("d"), max_length=8192, per_device_train_batch_size=4), CPU
+    )
+    assert asked.per_device_train_batch_size == 4  # what the user set stays
+    short = resolve_settings(TrainingConfig(method="sft", dataset=Path("d"), max_length=512), CPU)
+    assert (short.per_device_train_batch_size, short.gradient_checkpointing) == (4, False)

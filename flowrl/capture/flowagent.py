@@ -54,6 +54,18 @@ def is_flowagent(agent: Any) -> bool:
     return all(callable(getattr(cls, name, None)) for name in ("a_run", "_get_execution_engine", TOOL_METHOD))
 
 
+def pending_commits(agent: Any) -> list[Any]:
+    """The background commits a FlowAgent still runs for finished runs (`persist_blocking=False`: the session
+    history and the run summary are written after `a_run` returned); empty for any other agent."""
+    if not is_flowagent(agent):
+        return []
+    try:
+        tasks = getattr(_engine(agent), "_pending_finalize_tasks", None) or {}
+        return [t for t in tasks.values() if hasattr(t, "done") and not t.done()]
+    except Exception:  # noqa: BLE001 - an engine that cannot be reached has nothing pending we can wait for
+        return []
+
+
 def _bind(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
     func = getattr(wrapped, "__func__", wrapped)
     sig = _SIGNATURES.get(func)

@@ -50,6 +50,12 @@ def improve_cmd(
         help="Your agent: MODULE:FACTORY (or file.py:FACTORY); FACTORY(policy) returns an agent with "
         "async a_run(query, session_id=...) or run(query) that talks to policy.base_url. Default: the example agent.",
     ),
+    agent_python: Path | None = typer.Option(
+        None,
+        "--agent-python",
+        help="With --agent: the Python of your agent's own venv (flowrl installed there, no extras); the agent is "
+        "built, hooked and run there, the loop and training here. Default: this Python.",
+    ),
     tasks: Path | None = typer.Option(
         None, "--tasks", help="With --agent: JSONL of {task_id, query, answer}, split into train and held-out."
     ),
@@ -80,6 +86,14 @@ def improve_cmd(
     ),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Agent runs at a time."),
     slots: int = typer.Option(8, "--slots", min=1, help="Sequences the engine decodes together."),
+    reply_tokens: int = typer.Option(
+        512, "--reply-tokens", help="The most new tokens a policy's reply holds, whatever the agent asks for."
+    ),
+    context: int = typer.Option(
+        4096,
+        "--context",
+        help="Tokens of context per served sequence, and the longest row training takes (a FlowAgent needs 8192).",
+    ),
     engine: str = typer.Option(
         "auto",
         "--engine",
@@ -96,7 +110,7 @@ def improve_cmd(
     progress, on_progress, on_stage = _progress_ui()
     with contextlib.ExitStack() as stack:
         make_agent, train, held_out, grader = _agent_and_tasks(
-            stack, agent, tasks, grade, train_tasks, eval_tasks, seed
+            stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, seed
         )
         cfg = ImproveConfig(
             out=out,
@@ -114,6 +128,8 @@ def improve_cmd(
             seed=seed,
             engine=engine,
             slots=slots,
+            context=context,
+            reply_tokens=reply_tokens,
         )
         stack.enter_context(progress)
         results = improve(make_agent, train, held_out, grader, cfg, on_stage=on_stage, on_progress=on_progress)
@@ -129,6 +145,7 @@ def improve_cmd(
 def _agent_and_tasks(
     stack: Any,
     agent: str | None,
+    agent_python: Path | None,
     tasks: Path | None,
     grade: str | None,
     train_tasks: int | None,
@@ -139,8 +156,10 @@ def _agent_and_tasks(
     from flowrl.errors import ConfigError
 
     if agent is None:
-        if tasks is not None or grade is not None:
-            raise ConfigError("--tasks and --grade go with --agent MODULE:FACTORY (the example agent has its own)")
+        if tasks is not None or grade is not None or agent_python is not None:
+            raise ConfigError(
+                "--tasks, --grade and --agent-python go with --agent MODULE:FACTORY (the example agent has its own)"
+            )
         from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
 
         train, held_out = example_tasks(train_tasks or 200, eval_tasks or 150, seed=seed)
@@ -151,6 +170,10 @@ def _agent_and_tasks(
         raise ConfigError("--agent needs --tasks FILE: JSONL of {task_id, query, answer}")
     train, held_out = split_tasks(load_tasks(tasks), train_tasks, eval_tasks, seed=seed)
     grader = load_object(grade, "--grade") if grade else default_grade
+    if agent_python is not None:
+        from flowrl.improve.process import AgentProcess
+
+        return AgentProcess(agent, agent_python), train, held_out, grader
     return load_object(agent, "--agent"), train, held_out, grader
 
 

@@ -59,6 +59,11 @@ class EngineError(FlowRLError):
     """The engine failed (it died, or answered with an error)."""
 
 
+class EngineRefused(EngineError):
+    """The engine refused the request as it was (HTTP 400: a prompt longer than a slot's context, say): the
+    client's to change, not a failure of the engine."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How one request samples. `temperature` 0 is greedy."""
@@ -112,7 +117,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the process that started it dies (Linux), so a killed flowrl
     leaves no server behind."""
     try:
@@ -232,7 +237,7 @@ class LlamaServer:
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
                 start_new_session=True,  # Ctrl-C reaches flowrl, which stops the server itself
             )
             atexit.register(self.stop)
@@ -393,7 +398,8 @@ class LlamaServer:
                     return dict(json.loads(response.read()))
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
-                raise EngineError(f"llama-server answered {exc.code} on {path}: {detail}") from exc
+                kind = EngineRefused if exc.code == 400 else EngineError
+                raise kind(f"llama-server answered {exc.code} on {path}: {detail}") from exc
             except (urllib.error.URLError, OSError) as exc:
                 raise EngineError(f"llama-server on {url} failed ({exc}): {self._log_tail()}") from exc
         finally:

@@ -10,13 +10,23 @@ reads them on every call, so changing them takes effect from the next call on.
 
 `use_model` returns what it replaced; `restore_model(agent, previous)` puts it back. Agents other than
 FlowAgent work when they keep the same attributes on `agent.amd` or on the agent itself.
+
+FlowAgent 0.1.28 does not pass `amd.api_base` on: its `CompletionRouter` sends a model with no native adapter
+(`openai/...`) to `litellm.acompletion` with the model, the messages, the tools and an API key from the
+environment, so LiteLLM would call api.openai.com. When `api_base` is given and the agent's router would hand
+`model` to LiteLLM, `use_model` routes that model's calls to `api_base` with `api_key`: `complete` and `stream` of
+that router's LiteLLM adapter instance add them for that model only, every other model goes as before.
+`restore_model` takes the route away.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from flowrl.export.errors import ExportError
+
+log = logging.getLogger(__name__)
 
 _SLOTS = {
     "fast": ("fast_llm_model",),
@@ -61,6 +71,10 @@ def use_model(
         if value is not None:
             previous[key] = getattr(target, key, None)
             setattr(target, key, value)
+    if api_base is not None:
+        route = _route_litellm(agent, model, api_base, api_key)
+        if route is not None:
+            previous[_ROUTE] = route
     return previous
 
 
@@ -68,9 +82,68 @@ def restore_model(agent: Any, previous: dict[str, Any]) -> None:
     """Undo `use_model` with the dict it returned."""
     target = _target(agent)
     for key, value in previous.items():
-        setattr(target, key, value)
+        if key == _ROUTE:
+            _unroute(value)
+        else:
+            setattr(target, key, value)
 
 
-def current_models(agent: Any) -> dict[str, Any]:
-    target = _target(agent)
-    return {slot: getattr(target, slot, None) for slot in ("fast_llm_model", "complex_llm_model", "api_base")}
+_ROUTE = "_flowrl_router_route"  # the key of `previous` that holds the route (adapter, the LiteLLM it had)
+
+
+def _route_litellm(agent: Any, model: str, api_base: str, api_key: str | None) -> tuple[Any, Any] | None:
+    """Route `model` to `api_base` on the LiteLLM adapter of the agent's FlowAgent-style router (one with
+    `resolve`), when the router would give the model to LiteLLM (`resolve` names no prefix). None when there is
+    nothing to route.
+
+    0.1.28's router takes `api_key` out of the call's keywords and hands it to the adapter as an argument, which its
+    LiteLLM adapter drops; what reaches LiteLLM is `adapter._litellm.acompletion(model=..., **keywords)`. So the
+    adapter's `_litellm` becomes `_Routed`: the same module for everything, `acompletion` and `completion` with the
+    endpoint and key added for that one model, looked up on the module at each call (flowrl's LiteLLM capture
+    patch sees them)."""
+    try:
+        router = getattr(agent, "router", None)  # FlowAgent creates it on first use
+        adapter, actual, prefix = router.resolve(model)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - not such a router, or strict about unknown models: nothing to route
+        return None
+    if prefix:
+        return None  # a native adapter, with its own base URL
+    ensure = getattr(adapter, "_ensure", None)
+    if not callable(ensure) or not hasattr(adapter, "_litellm"):
+        log.warning(
+            "flowrl: %s's router hands %s to %s, which flowrl cannot point at %s: that model's calls may go "
+            "elsewhere; register an adapter for the endpoint on the agent's router",
+            type(agent).__name__,
+            model,
+            type(adapter).__name__,
+            api_base,
+        )
+        return None
+    ensure()  # imports LiteLLM, as the agent's first call would
+    had = adapter._litellm
+    adapter._litellm = _Routed(had, actual, {"api_base": api_base, **({"api_key": api_key} if api_key else {})})
+    return adapter, had
+
+
+class _Routed:
+    """The LiteLLM module, with `extra` keywords added to the calls for `model`."""
+
+    def __init__(self, litellm: Any, model: str, extra: dict[str, Any]) -> None:
+        self._litellm, self._model, self._extra = litellm, model, extra
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._litellm, name)
+
+    def _keywords(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**kwargs, **self._extra} if kwargs.get("model") == self._model else kwargs
+
+    async def acompletion(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._litellm.acompletion(*args, **self._keywords(kwargs))
+
+    def completion(self, *args: Any, **kwargs: Any) -> Any:
+        return self._litellm.completion(*args, **self._keywords(kwargs))
+
+
+def _unroute(route: tuple[Any, Any]) -> None:
+    adapter, had = route
+    adapter._litellm = had

@@ -26,6 +26,7 @@ with no run graded right stops with one line saying what to change.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -36,6 +37,7 @@ from typing import Any, Literal
 
 from flowrl.engines.policy import Policy
 from flowrl.errors import FlowRLError
+from flowrl.improve.agents import source_of
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +66,15 @@ class ImproveConfig:
     seed: int = 0
     engine: str = "auto"  # the policy server's: auto, llama-server, transformers (flowrl.serve.policies)
     slots: int = 8  # sequences the engine decodes together
+    # tokens of context a served sequence has, and so the most a training row can hold: an agent trains on what it
+    # was served (a FlowAgent's prompt with its tools is about 2,500 tokens, its run summary more)
+    context: int = 4096
+    # the most new tokens a reply of the policy holds, whatever the agent asks (a FlowAgent asks for 16,384)
+    reply_tokens: int = 512
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
+    # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
+    train_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -77,6 +86,10 @@ class ImproveConfig:
             raise ImproveError(f"--control {self.control}: use unfiltered")
         if self.temperature <= 0:
             raise ImproveError("collecting needs sampling: use a --temperature above 0")
+        if self.reply_tokens < 1 or self.reply_tokens >= self.context:
+            raise ImproveError(f"--reply-tokens {self.reply_tokens}: use 1 to fewer than --context {self.context}")
+        if self.context < 256:
+            raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
 
 
 AgentFactory = Callable[[Policy], Any]
@@ -123,6 +136,7 @@ class Improve:
                 "the eval would measure memory, not improvement"
             )
         self.make_agent, self.grade, self.cfg = make_agent, grade, config
+        self.agents = source_of(make_agent)  # in this process, or in the agent's own Python (AgentProcess)
         self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
         self.on_stage = on_stage or (lambda s, m: None)
         self.on_progress = on_progress or (lambda s, d, t: None)
@@ -138,7 +152,12 @@ class Improve:
         from flowrl.serve.policies import PolicyServer
 
         with PolicyServer(
-            self.cfg.base_model, engine=self.cfg.engine, workdir=self.out, slots=self.cfg.slots
+            self.cfg.base_model,
+            engine=self.cfg.engine,
+            workdir=self.out,
+            slots=self.cfg.slots,
+            ctx_per_slot=self.cfg.context,
+            max_tokens=self.cfg.reply_tokens,
         ) as self.policies:
             self.on_stage("engine", f"{self.policies.engine} at {self.policies.url}, {self.cfg.slots} slots")
             try:
@@ -166,9 +185,10 @@ class Improve:
         previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else None
         collected, right = self.collect(r, previous)
         datasets = self.select(r)
-        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"])}
+        longest = datasets.get("longest_tokens")
+        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], longest)}
         if "control" in datasets:
-            adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"])
+            adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], longest)
         eval_path = folder / "eval.json"
         data = self.evaluate(eval_path, base, adapters)
         return RoundResult(r, collected, right, datasets["n_selected"], adapters[f"round-{r}"], eval_path, data["arms"])
@@ -187,25 +207,25 @@ class Improve:
                 "collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)"
             )
             return done["runs"], done["right"]
-        from flowrl.capture import hook_into_agent
         from flowrl.evaluate.agent import run_tasks
 
         runs = [_Sample(t, k) for k in range(self.cfg.samples) for t in self.train_tasks]
         name = f"collect-{r}"
         policy = self.policies.policy(name, adapter, temperature=self.cfg.temperature, seed=self.cfg.seed + r)
-        agent, options = driven(self.make_agent(policy), self.cfg)
-        store = self.store()
-        hook = hook_into_agent(agent, store=store, metadata={"improve_round": r}, **options)
 
         async def run(agent: Any, sample: _Sample) -> str:
-            return await run_agent(agent, sample.query, _session(r, sample.task_id))
+            return str(await agent.a_run(sample.query, _session(r, sample.task_id)))
 
-        try:
-            import asyncio
-
+        with self.agents.open(
+            policy,
+            store=self.out / "traces",
+            metadata={"improve_round": r},
+            hook_options=self.cfg.hook_options,
+            concurrency=self.cfg.concurrency,
+        ) as opened:
             outcomes = asyncio.run(
                 run_tasks(
-                    agent,
+                    opened,
                     runs,
                     self.grade,
                     run=run,
@@ -213,13 +233,12 @@ class Improve:
                     on_done=lambda n: self.on_progress("collect", n, len(runs)),
                 )
             )
-        finally:
-            hook.flush()
-            hook.unhook()
+        store = self.store()
         verdicts = {_session(r, sample_id): ok for sample_id, ok in outcomes.items()}
         self.annotate(store, {_session(r, s.task_id): s.task for s in runs})
         right = sum(outcomes.values())
-        _write_json(marker, {"runs": len(runs), "right": right, "written": hook.stats.written, "verdicts": verdicts})
+        written = opened.stats.get("written", 0)
+        _write_json(marker, {"runs": len(runs), "right": right, "written": written, "verdicts": verdicts})
         self.on_stage(
             "collect",
             f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
@@ -278,6 +297,7 @@ class Improve:
             "n_runs": len(traces),
         }
         chosen = right if self.cfg.method == "sft" else traces
+        done["longest_tokens"] = _longest(traces)
         self.build(folder / "data-selected", chosen)
         done["selected"] = "data-selected"
         if self.cfg.control == "unfiltered":
@@ -307,7 +327,7 @@ class Improve:
         )
 
     # -- 4. train --------------------------------------------------------------------------------------
-    def train(self, out: Path, dataset: Path) -> Path:
+    def train(self, out: Path, dataset: Path, longest: int | None = None) -> Path:
         if (out / "adapter_config.json").exists():
             self.on_stage("train", f"{out.relative_to(self.out)} already trained (reused)")
             return out
@@ -321,9 +341,11 @@ class Improve:
             max_steps=self.cfg.max_steps or -1,
             num_train_epochs=self.cfg.epochs,
             learning_rate=self.cfg.learning_rate,
+            max_length=self.max_length(longest),
             progress_bar=False,
             overwrite=True,
             seed=self.cfg.seed,
+            **self.cfg.train_options,
         )
         result = TrainingPipeline(cfg).run()
         self.on_stage(
@@ -333,25 +355,43 @@ class Improve:
         )
         return out
 
+    def max_length(self, longest: int | None) -> int:
+        """The longest row training takes: the longest run of the rounds so far as the endpoint counted it (its
+        captured ids, a little room for the template's closing tokens), at most the served context; the served
+        context when a run has no captured ids. Short rows then train as many at a time as the hardware profile
+        allows (flowrl.train.hardware sizes the batch by this)."""
+        if longest is None:
+            return self.cfg.context
+        return min(self.cfg.context, longest + 64)
+
     # -- 5. eval ----------------------------------------------------------------------------------------
     def _eval_arm(self, name: str, adapter: Path | None) -> dict[str, bool]:
-        from flowrl.evaluate.agent import run_arms
+        from flowrl.evaluate.agent import run_tasks
 
         policy = self.policies.policy(
             f"eval-{name}", adapter, temperature=self.cfg.eval_temperature, seed=self.cfg.seed
         )
-        agent, options = driven(self.make_agent(policy), self.cfg)
-        outcomes = run_arms(
-            {name: lambda: agent},
-            self.eval_tasks,
-            self.grade,
+
+        async def run(agent: Any, task: Any) -> str:
+            return str(await agent.a_run(task.query, f"eval-{task.task_id}"))
+
+        with self.agents.open(
+            policy,
+            store=self.out / "eval-traces" / name,
+            metadata={},
+            hook_options=self.cfg.hook_options,
             concurrency=self.cfg.concurrency,
-            store_root=self.out / "eval-traces",
-            run=lambda agent, task: run_agent(agent, task.query, f"eval-{task.task_id}"),
-            hook_options=options,
-            on_progress=lambda a, d, t: self.on_progress(f"eval {a}", d, t),
-        )
-        return {tid: arms[name] for tid, arms in outcomes.items()}
+        ) as opened:
+            return asyncio.run(
+                run_tasks(
+                    opened,
+                    self.eval_tasks,
+                    self.grade,
+                    run=run,
+                    concurrency=self.cfg.concurrency,
+                    on_done=lambda n: self.on_progress(f"eval {name}", n, len(self.eval_tasks)),
+                )
+            )
 
     def base_outcomes(self) -> dict[str, bool]:
         path = self.out / "base-outcomes.json"
@@ -393,55 +433,21 @@ class Improve:
             self.on_stage("rewards", line)
 
 
-def driven(agent: Any, cfg: ImproveConfig) -> tuple[Any, dict[str, Any]]:
-    """What the loop runs and hooks for `agent`, and the hook's options. A FlowAgent, or an agent hooked with
-    `cfg.hook_options`, as it is; any other agent through `Driven`, so each run's trace carries the loop's session
-    id (what the verdicts are keyed by) whatever the agent's entry point takes, its OpenAI SDK and LiteLLM calls
-    recorded as its LLM calls."""
-    from flowrl.capture.flowagent import is_flowagent
-
-    if cfg.hook_options or is_flowagent(agent):
-        return agent, dict(cfg.hook_options)
-    return Driven(agent), {"run_methods": ["a_run"], "agent_name": type(agent).__name__}
-
-
-class Driven:
-    """A user's agent as the loop drives it: `a_run(query, session_id=...)` calls its `a_run` or `run` (in a
-    thread), with `session_id` when its signature takes one."""
-
-    def __init__(self, agent: Any) -> None:
-        self.agent = agent
-
-    async def a_run(self, query: str, session_id: str = "default") -> str:
-        import asyncio
-        import inspect
-
-        method = getattr(self.agent, "a_run", None) or getattr(self.agent, "run", None)
-        if method is None:
-            raise ImproveError(f"{type(self.agent).__name__} has neither a_run(query, ...) nor run(query, ...)")
-        try:
-            params = inspect.signature(method).parameters
-        except (TypeError, ValueError):
-            params = {}  # type: ignore[assignment]
-        takes_session = "session_id" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-        kwargs = {"session_id": session_id} if takes_session else {}
-        if inspect.iscoroutinefunction(method):
-            result = await method(query, **kwargs)
-        else:
-            result = await asyncio.to_thread(method, query, **kwargs)
-        return result if isinstance(result, str) else str(result)
+def _longest(traces: list[Any]) -> int | None:
+    """The most tokens one LLM call of these runs held (prompt and reply, as the endpoint returned them); None when
+    a run has a call without ids (then nothing bounds its row but the context)."""
+    longest = 0
+    for trace in traces:
+        for call in trace.llm_calls:
+            if not call.prompt_token_ids or call.token_ids is None:
+                return None
+            longest = max(longest, len(call.prompt_token_ids) + len(call.token_ids))
+    return longest or None
 
 
 def _session(r: int, sample_id: str) -> str:
     """The session id of a collection run (unique across rounds and samples; nothing reads data back out of it)."""
     return f"improve-r{r}-{sample_id}"
-
-
-async def run_agent(agent: Any, query: str, session_id: str) -> str:
-    """One run of what `driven` returned (a FlowAgent, a `Driven`, or an agent hooked as configured): its
-    `a_run(query, session_id=...)`; the answer as text."""
-    result = await agent.a_run(query, session_id=session_id)
-    return result if isinstance(result, str) else str(result)
 
 
 @dataclass(frozen=True)

@@ -70,12 +70,13 @@ def _number(request: dict[str, Any], key: str, default: float, low: float, high:
 class Route:
     """What one served name answers with: a backend, the LoRA adapter on it (a concurrent backend's adapter
     name; None: the base model, or whatever the backend was loaded with), and the sampling a policy fixes
-    (None: the request's)."""
+    (None: the request's); `max_tokens`: the most a reply of this policy holds, whatever a request asks."""
 
     backend: Any
     adapter: str | None = None
     temperature: float | None = None
     seed: int | None = None
+    max_tokens: int | None = None
 
 
 class ServedModel:
@@ -296,7 +297,7 @@ class ServedModel:
 
     def _policy_sampling(self, route: Route, sampling: Sampling, request: dict[str, Any]) -> Sampling:
         """`sampling` with what the route's policy fixes (said once when a request asked for other values)."""
-        if route.temperature is None and route.seed is None:
+        if route.temperature is None and route.seed is None and route.max_tokens is None:
             return sampling
         asked = request.get("temperature")
         if route.temperature is not None and asked is not None and float(asked) != route.temperature:
@@ -304,12 +305,21 @@ class ServedModel:
                 "temperature fixed by the policy",
                 f"a request asked for temperature {asked}; the policy it names samples at {route.temperature}",
             )
+        max_tokens = sampling.max_tokens
+        if route.max_tokens is not None and max_tokens > route.max_tokens:
+            self.stats.note(
+                "max_tokens capped by the policy",
+                f"a request asked for up to {max_tokens} new tokens; the policy it names replies with at most "
+                f"{route.max_tokens}",
+            )
+            max_tokens = route.max_tokens
         from dataclasses import replace
 
         return replace(
             sampling,
             temperature=sampling.temperature if route.temperature is None else route.temperature,
             seed=sampling.seed if route.seed is None else route.seed,
+            max_tokens=max_tokens,
         )
 
     def _cut_at_stop(self, tokens: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:

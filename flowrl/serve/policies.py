@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 
 class PolicyServer:
-    """See the module docstring. `slots`: sequences decoded together; `max_tokens`: a reply's default cap."""
+    """See the module docstring. `slots`: sequences decoded together; `max_tokens`: the most new tokens a policy's
+    reply holds, whatever a request asks (a FlowAgent asks for 16,384 on every call; a sampled reply that never
+    ends would hold a slot for minutes), said once and counted when a request asked for more."""
 
     def __init__(
         self,
@@ -137,7 +139,8 @@ class PolicyServer:
                 backend, on_engine = self._backend, self._load_adapter(Path(adapter))
             else:
                 backend, on_engine = self._transformers(Path(adapter)), None
-            self._model.add_route(name, Route(backend, adapter=on_engine, temperature=temperature, seed=seed))
+            route = Route(backend, adapter=on_engine, temperature=temperature, seed=seed, max_tokens=self.max_tokens)
+            self._model.add_route(name, route)
             self._policies[name] = Policy(
                 base_url=self.url,
                 model=name,

@@ -20,6 +20,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from flowrl.engines.llama_server import EngineRefused
 from flowrl.errors import ConfigError
 from flowrl.localhost import check_host
 from flowrl.serve.model import RequestError, ServedModel
@@ -102,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             reply = self.server.model.complete(request)
-        except RequestError as exc:
+        except (RequestError, EngineRefused) as exc:  # the request as it is (e.g. longer than the context)
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
             return
         except Exception as exc:

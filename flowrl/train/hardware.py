@@ -230,6 +230,26 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
     from flowrl.methods import get_method
 
     spec = get_method(config.method)
+    checkpointing = (
+        prof.gradient_checkpointing if config.gradient_checkpointing is None else config.gradient_checkpointing
+    )
+    max_length = config.max_length or prof.max_length
+    if max_length > prof.max_length and config.per_device_train_batch_size is None:
+        # the profile's batch was sized for rows of prof.max_length tokens: keep its tokens per micro-batch (and its
+        # update: accumulation makes up the rows) and recompute activations, or long agent rows (a FlowAgent's are
+        # about 2,500 tokens) take the machine's memory (4 x 2,500 tokens on SmolLM2 in fp32: over 22 GiB)
+        smallest = 2 if spec.encoding == "kto" else 1
+        micro = max(smallest, batch * prof.max_length // max_length)
+        if micro < batch:
+            steps = -(-batch // micro)
+            notes.append(
+                f"max_length {max_length} > {prof.max_length}: batch {batch} -> {micro} per step with "
+                f"{accumulation * steps} accumulation steps (about the same update, less memory)"
+            )
+            batch, accumulation = micro, accumulation * steps
+        if config.gradient_checkpointing is None and not checkpointing:
+            checkpointing = True
+            notes.append(f"max_length {max_length} > {prof.max_length}: activation checkpointing on (memory)")
     if spec.is_grpo:
         if config.num_generations is None:
             generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
@@ -254,12 +274,10 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         gradient_accumulation_steps=accumulation,
         num_generations=generations,
         precision=precision,
-        gradient_checkpointing=prof.gradient_checkpointing
-        if config.gradient_checkpointing is None
-        else config.gradient_checkpointing,
+        gradient_checkpointing=checkpointing,
         use_cpu=prof.use_cpu,
         load_in_4bit=load_in_4bit,
-        max_length=config.max_length or prof.max_length,
+        max_length=max_length,
         max_completion_length=config.max_completion_length or prof.max_completion_length,
         world_size=world,
         notes=tuple(notes),

@@ -43,6 +43,8 @@ PACKAGES = [
     "tenacity",
     "html2text",
     "chardet",
+    # FlowAgent's router sends a model with no native adapter (`openai/<served policy>`) to LiteLLM
+    "litellm==1.110.2",
 ]
 STAMP_NAME = ".flowrl-toolbox-env.json"
 EXIT_INSTALL_FAILED = 3
