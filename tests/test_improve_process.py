@@ -115,3 +115,14 @@ def test_the_cli_takes_the_agents_python(tmp_path: Path) -> None:
     assert "not an executable" in str(result.exception)
     result = CliRunner().invoke(app, ["improve", "--agent-python", sys.executable])
     assert isinstance(result.exception, ConfigError) and "go with --agent MODULE:FACTORY" in str(result.exception)
+
+
+def test_hook_options_that_cannot_cross_to_the_agents_python_are_refused(tmp_path: Path) -> None:
+    from flowrl.errors import ConfigError
+
+    agent = AgentProcess(f"{HELPERS}:make_agent", sys.executable)
+    options = {"on_trace": print}  # a callable: it would arrive as its repr, silently doing nothing
+    with pytest.raises(ConfigError, match="as JSON"):
+        with agent.open(POLICY, store=tmp_path / "t", metadata={}, hook_options=options, concurrency=1):
+            pass
+    assert agent.started == 0

@@ -23,6 +23,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,11 +74,18 @@ class AgentProcess:
     def open(
         self, policy: Policy, *, store: Path, metadata: dict[str, Any], hook_options: dict[str, Any], concurrency: int
     ) -> Iterator[RemoteAgent]:
+        try:
+            json.dumps({"hook_options": hook_options, "metadata": metadata})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"hook options {sorted(hook_options)} and metadata go to the agent's own Python as JSON ({exc}): "
+                "pass plain values there, or run the agent in this Python"
+            ) from exc
         store = Path(store)
         store.mkdir(parents=True, exist_ok=True)
         config = {
             "factory": self.factory,
-            "policy": {**policy.__dict__, "adapter": str(policy.adapter) if policy.adapter else None},
+            "policy": {**asdict(policy), "adapter": str(policy.adapter) if policy.adapter else None},
             "store": str(store.resolve()),
             "metadata": metadata,
             "hook_options": hook_options,
@@ -112,6 +120,7 @@ class RemoteAgent:
         self._ready = threading.Event()
         self._finished = threading.Event()
         self._failure: str | None = None
+        self._gone = False  # set by the reader, under the write lock, once the worker can answer nothing more
         self._reader: threading.Thread | None = None
 
     # -- lifetime ------------------------------------------------------------------------------------------------
@@ -168,11 +177,11 @@ class RemoteAgent:
 
     # -- queries -------------------------------------------------------------------------------------------------
     async def a_run(self, query: str, session_id: str) -> str:
-        if self._failure is not None:
-            raise AgentProcessError(self._explain("the agent's worker is gone"))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[str] = loop.create_future()
         with self._write_lock:
+            if self._gone or self._failure is not None:
+                raise AgentProcessError(self._explain("the agent's worker is gone"))
             self._next_id += 1
             request_id = self._next_id
             self._pending[request_id] = (loop, future)
@@ -221,7 +230,10 @@ class RemoteAgent:
             code = self._proc.wait() if self._proc is not None else None
             self._failure = f"it exited with code {code}"
         self._ready.set()
-        for request_id in list(self._pending):
+        with self._write_lock:  # no query is added after this: a_run checks `_gone` under the same lock
+            self._gone = True
+            pending = list(self._pending)
+        for request_id in pending:
             self._answer({"id": request_id, "error": self._explain("the agent's worker died mid-run")})
 
     def _answer(self, message: dict[str, Any]) -> None:
