@@ -147,3 +147,8 @@ class _Routed:
 def _unroute(route: tuple[Any, Any]) -> None:
     adapter, had = route
     adapter._litellm = had
+
+
+def current_models(agent: Any) -> dict[str, Any]:
+    target = _target(agent)
+    return {slot: getattr(target, slot, None) for slot in ("fast_llm_model", "complex_llm_model", "api_base")}
