@@ -207,37 +207,17 @@ class Improve:
                 "collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)"
             )
             return done["runs"], done["right"]
-        from flowrl.evaluate.agent import run_tasks
-
         runs = [_Sample(t, k) for k in range(self.cfg.samples) for t in self.train_tasks]
         name = f"collect-{r}"
         policy = self.policies.policy(name, adapter, temperature=self.cfg.temperature, seed=self.cfg.seed + r)
-
-        async def run(agent: Any, sample: _Sample) -> str:
-            return str(await agent.a_run(sample.query, _session(r, sample.task_id)))
-
-        with self.agents.open(
-            policy,
-            store=self.out / "traces",
-            metadata={"improve_round": r},
-            hook_options=self.cfg.hook_options,
-            concurrency=self.cfg.concurrency,
-        ) as opened:
-            outcomes = asyncio.run(
-                run_tasks(
-                    opened,
-                    runs,
-                    self.grade,
-                    run=run,
-                    concurrency=self.cfg.concurrency,
-                    on_done=lambda n: self.on_progress("collect", n, len(runs)),
-                )
-            )
+        outcomes, stats = self._stage(
+            "collect", policy, self.out / "traces", {"improve_round": r}, runs, lambda s: _session(r, s.task_id)
+        )
         store = self.store()
         verdicts = {_session(r, sample_id): ok for sample_id, ok in outcomes.items()}
         self.annotate(store, {_session(r, s.task_id): s.task for s in runs})
         right = sum(outcomes.values())
-        written = opened.stats.get("written", 0)
+        written = stats.get("written", 0)
         _write_json(marker, {"runs": len(runs), "right": right, "written": written, "verdicts": verdicts})
         self.on_stage(
             "collect",
@@ -366,32 +346,48 @@ class Improve:
 
     # -- 5. eval ----------------------------------------------------------------------------------------
     def _eval_arm(self, name: str, adapter: Path | None) -> dict[str, bool]:
-        from flowrl.evaluate.agent import run_tasks
-
         policy = self.policies.policy(
             f"eval-{name}", adapter, temperature=self.cfg.eval_temperature, seed=self.cfg.seed
         )
+        outcomes, _stats = self._stage(
+            f"eval {name}", policy, self.out / "eval-traces" / name, {}, self.eval_tasks, lambda t: f"eval-{t.task_id}"
+        )
+        return outcomes
+
+    def _stage(
+        self,
+        stage: str,
+        policy: Policy,
+        store: Path,
+        metadata: dict[str, Any],
+        tasks: list[Any],
+        session: Callable[[Any], str],
+    ) -> tuple[dict[str, bool], dict[str, int]]:
+        """Every task through the agent opened on `policy` and hooked into `store` (each run under the session id
+        `session(task)`), graded; (task_id -> outcome, the hook's counters)."""
+        from flowrl.evaluate.agent import run_tasks
 
         async def run(agent: Any, task: Any) -> str:
-            return str(await agent.a_run(task.query, f"eval-{task.task_id}"))
+            return str(await agent.a_run(task.query, session(task)))
 
         with self.agents.open(
             policy,
-            store=self.out / "eval-traces" / name,
-            metadata={},
+            store=store,
+            metadata=metadata,
             hook_options=self.cfg.hook_options,
             concurrency=self.cfg.concurrency,
         ) as opened:
-            return asyncio.run(
+            outcomes = asyncio.run(
                 run_tasks(
                     opened,
-                    self.eval_tasks,
+                    tasks,
                     self.grade,
                     run=run,
                     concurrency=self.cfg.concurrency,
-                    on_done=lambda n: self.on_progress(f"eval {name}", n, len(self.eval_tasks)),
+                    on_done=lambda n: self.on_progress(stage, n, len(tasks)),
                 )
             )
+        return outcomes, opened.stats
 
     def base_outcomes(self) -> dict[str, bool]:
         path = self.out / "base-outcomes.json"
