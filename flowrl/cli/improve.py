@@ -92,7 +92,7 @@ def improve_cmd(
     context: int = typer.Option(
         4096,
         "--context",
-        help="Tokens of context per served sequence, and the longest row training takes (a FlowAgent needs 8192).",
+        help="Tokens of context per served sequence, and so the most a training row holds (a FlowAgent needs 8192).",
     ),
     engine: str = typer.Option(
         "auto",

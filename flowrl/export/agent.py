@@ -14,9 +14,9 @@ FlowAgent work when they keep the same attributes on `agent.amd` or on the agent
 FlowAgent 0.1.28 does not pass `amd.api_base` on: its `CompletionRouter` sends a model with no native adapter
 (`openai/...`) to `litellm.acompletion` with the model, the messages, the tools and an API key from the
 environment, so LiteLLM would call api.openai.com. When `api_base` is given and the agent's router would hand
-`model` to LiteLLM, `use_model` routes that model's calls to `api_base` with `api_key`: `complete` and `stream` of
-that router's LiteLLM adapter instance add them for that model only, every other model goes as before.
-`restore_model` takes the route away.
+`model` to LiteLLM, `use_model` routes that model's calls to `api_base` with `api_key`: that router's LiteLLM
+adapter gets a LiteLLM that adds them to the calls for that model only (`_route_litellm`); every other model goes
+as before. `restore_model` takes the route away.
 """
 
 from __future__ import annotations
