@@ -10,9 +10,7 @@ calls, and no worker or server is left running.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -43,33 +41,12 @@ CAPITALS = {
 }
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-toolbox_env = _load("flowrl_it_toolbox_env_improve", HERE / "toolbox_env.py")
-
-
-@pytest.fixture(scope="module")
-def toolbox_python() -> Path:
-    venv = Path(os.environ.get("FLOWRL_TOOLBOX_VENV", toolbox_env.DEFAULT_VENV))
-    try:
-        return Path(toolbox_env.ensure(venv, log=lambda *_: None))
-    except toolbox_env.EnvError as exc:
-        if exc.code == toolbox_env.EXIT_INSTALL_FAILED and os.environ.get("FLOWRL_REQUIRE_TOOLBOX") != "1":
-            pytest.skip(f"toolboxv2 {toolbox_env.TOOLBOXV2_VERSION} cannot be installed here ({exc})")
-        raise
-
-
 def _running(pattern: str) -> set[int]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 
-def test_a_real_flowagent_goes_through_a_round(toolbox_python: Path, tmp_path: Path) -> None:
+def test_a_real_flowagent_goes_through_a_round(toolbox_python: Path, toolbox_env: Any, tmp_path: Path) -> None:
     from flowrl.improve.loop import ImproveConfig, ImproveError, improve
     from flowrl.improve.process import AgentProcess
     from flowrl.improve.user import default_grade, load_tasks, split_tasks

@@ -16,9 +16,7 @@ FLOWRL_REQUIRE_TOOLBOX=1 to make that a failure instead.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -34,35 +32,8 @@ DRIVER = HERE / "flowagent_driver.py"
 DRIVER_TIMEOUT_S = 240
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-toolbox_env = _load("flowrl_it_toolbox_env", HERE / "toolbox_env.py")
-
-
 @pytest.fixture(scope="module")
-def toolbox_python() -> Path:
-    venv = Path(os.environ.get("FLOWRL_TOOLBOX_VENV", toolbox_env.DEFAULT_VENV))
-    t0 = time.monotonic()
-    try:
-        py = toolbox_env.ensure(venv, log=lambda *_: None)
-    except toolbox_env.EnvError as exc:
-        if exc.code == toolbox_env.EXIT_INSTALL_FAILED and os.environ.get("FLOWRL_REQUIRE_TOOLBOX") != "1":
-            pytest.skip(
-                f"toolboxv2 {toolbox_env.TOOLBOXV2_VERSION} cannot be installed here ({exc}); "
-                "run scripts/setup_toolboxv2_env.sh where PyPI is reachable"
-            )
-        raise
-    print(f"toolboxv2 venv ready in {time.monotonic() - t0:.1f} s: {py}")
-    return py
-
-
-@pytest.fixture(scope="module")
-def run(toolbox_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(toolbox_python: Path, toolbox_env: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the driver once for the whole module; returns the summary plus what is in the store."""
     root = tmp_path_factory.mktemp("flowagent_it")
     store = root / "store"
@@ -123,7 +94,9 @@ def _calls(trace: dict[str, Any], tool: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_driver_uses_this_checkout_and_real_flowagent(run: dict[str, Any], toolbox_python: Path) -> None:
+def test_driver_uses_this_checkout_and_real_flowagent(
+    run: dict[str, Any], toolbox_python: Path, toolbox_env: Any
+) -> None:
     summary = run["summary"]
     venv = toolbox_python.parent.parent
     assert Path(summary["toolboxv2_path"]).is_relative_to(venv), summary["toolboxv2_path"]
