@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flowrl.capture import hook_into_agent  # noqa: E402
-from flowrl.store import TraceStore  # noqa: E402
+from flowrl.store.files import TraceStore  # noqa: E402
 
 TARGET_US = 5.0
 
@@ -278,8 +278,8 @@ def writer_cpu(events_per_run: int, runs: int, root: Path) -> dict[str, float]:
     build, mask, rebuild messages, validate, serialise. The store's write (fsync) is reported apart."""
     from flowrl.capture.assemble import complete_trace
     from flowrl.capture.masking import redact_trace
-    from flowrl.schema import load_trace
-    from flowrl.store import dumps
+    from flowrl.store.files import dumps
+    from flowrl.trace.load import load_trace
 
     agent = ToolAgent(events_per_run)
     hook = hook_into_agent(agent, store=root / "cpu", run_methods=["a_run"], tool_methods=["call_tool"])

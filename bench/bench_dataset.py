@@ -26,7 +26,7 @@ import json, sys, time
 from flowrl.data import DatasetPipeline
 from flowrl.data.workers import peak_mib
 from flowrl.methods import make_builder
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 store, out, method = sys.argv[1:4]
 t = time.perf_counter()
 result = DatasetPipeline(make_builder(method)).build(TraceStore(store), out)

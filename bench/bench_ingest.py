@@ -97,7 +97,7 @@ def worker(data: Path, store_dir: Path, trace_memory: bool) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     from flowrl.ingest import ingest_paths
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     if trace_memory:
         tracemalloc.start()

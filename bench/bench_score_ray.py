@@ -26,8 +26,8 @@ from pathlib import Path
 
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import ScoreSummary, score_store
-from flowrl.schema import ExecutionTrace, ToolCallTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 SNIPPETS = [
     ("exec_code", "code", "print(sum(i * i for i in range(1000)))", True),

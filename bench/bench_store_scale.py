@@ -33,7 +33,7 @@ import json, sys, time
 from flowrl.data import DatasetPipeline
 from flowrl.data.workers import peak_mib
 from flowrl.methods import make_builder
-from flowrl.store_open import open_store
+from flowrl.store.opener import open_store
 store, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 t = time.perf_counter()
 pipeline = DatasetPipeline(make_builder("kto"), workers=workers)
@@ -48,8 +48,8 @@ print(json.dumps({"seconds": elapsed, "peak_mib": peak, "worker_peaks_mib": work
 
 def ingest(n: int, batch: int, root: Path, kinds: list[str]) -> dict[str, float]:
     from flowrl.data.synthetic import synthetic_trace
-    from flowrl.segments import SegmentStore
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
+    from flowrl.store.segments import SegmentStore
 
     rates = {}
     stores = {"json": lambda: TraceStore(root / "json"), "segments": lambda: SegmentStore(root / "segments")}
@@ -72,7 +72,7 @@ def ingest(n: int, batch: int, root: Path, kinds: list[str]) -> dict[str, float]
 def score_all(n: int, root: Path, kinds: list[str]) -> None:
     """Give every trace a score, label and reward details, as `flowrl score` records them (`store.update`)."""
     from flowrl.data.synthetic import synthetic_trace
-    from flowrl.store_open import open_store
+    from flowrl.store.opener import open_store
 
     for name in kinds:
         store = open_store(str(root / name))

@@ -7,10 +7,9 @@ name is resolved on first use from the module that defines it.
 from __future__ import annotations
 
 from flowrl._lazy import lazy_exports
+from flowrl.version import __version__
 
-__version__ = "0.1.0"
-
-_EXPORTS: dict[str, str] = {
+_LAZY: dict[str, str] = {
     # capture
     "hook_into_agent": "flowrl.capture",
     "capture_llm_calls": "flowrl.capture.grouping",
@@ -19,14 +18,14 @@ _EXPORTS: dict[str, str] = {
     "TraceCollector": "flowrl.capture",
     "current_run": "flowrl.capture.run_handle",
     "RunHandle": "flowrl.capture.run_handle",
-    "HostOutcome": "flowrl.outcomes",
+    "HostOutcome": "flowrl.trace.outcomes",
     # schema and store
-    "ExecutionTrace": "flowrl.schema",
-    "ToolCallTrace": "flowrl.schema",
-    "ReasoningStep": "flowrl.schema",
-    "LLMCall": "flowrl.schema",
-    "TraceStore": "flowrl.store",
-    "Redactor": "flowrl.redact",
+    "ExecutionTrace": "flowrl.trace.schema",
+    "ToolCallTrace": "flowrl.trace.schema",
+    "ReasoningStep": "flowrl.trace.schema",
+    "LLMCall": "flowrl.trace.schema",
+    "TraceStore": "flowrl.store.files",
+    "Redactor": "flowrl.trace.redact",
     "FlowRLError": "flowrl.errors",
     # ingest
     "CheckpointLoader": "flowrl.ingest",
@@ -58,7 +57,7 @@ _EXPORTS: dict[str, str] = {
     "ExportPipeline": "flowrl.export",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", *_LAZY]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -27,7 +27,7 @@ def served(tmp_path: Path):  # -> Iterator[tuple[str, OTLPReceiver, TraceStore]]
     import threading
 
     from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     store = TraceStore(tmp_path / "traces")
     receiver = OTLPReceiver(store, pending_s=60.0)

@@ -18,7 +18,7 @@ from helpers_tiny_model import save_tiny_model, tiny_model_and_tokenizer
 
 from flowrl.data.tokens import CallTokens
 from flowrl.errors import ConfigError, FlowRLError
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from flowrl.train.agent_grpo import agent_grpo, agent_grpo_trainer, resolve_adapter
 from flowrl.train.agent_rollout import AgentRollout, EpisodeLimit, PolicyBackend, rollout_task
 from flowrl.train.config import TrainingConfig

@@ -12,12 +12,12 @@ import weakref
 
 import pytest
 
-import flowrl.store
+import flowrl.store.files
 from flowrl import autohook
 from flowrl.capture import hook_into_agent
 from flowrl.capture.collector import DEFAULT_IO_THREADS, shared_collectors, store_key
 from flowrl.errors import ConfigError
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flushed, stored
 
 
@@ -224,7 +224,7 @@ def test_a_store_that_refuses_every_write_is_counted_never_raised(tmp_path, monk
     def refuse(*_a, **_k):
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(flowrl.store, "atomic_write_bytes", refuse)
+    monkeypatch.setattr(flowrl.store.files, "atomic_write_bytes", refuse)
     monkeypatch.setattr(flowrl.store.TraceStore, "write_many", refuse)
     agent = EchoAgent()
     with hook(agent, tmp_path, io_threads=0) as h:

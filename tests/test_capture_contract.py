@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from flowrl.capture import Hook, hook_into_agent
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flushed, stored
 from tests.fakes.fake_flowagent import ExecutionEngine, FlowAgent, make_agent, tc, turn
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import flowrl.store
+import flowrl.store.files
 from flowrl.capture import hook_into_agent
-from flowrl.redact import MASK_FAILED
+from flowrl.trace.redact import MASK_FAILED
 from tests.fakes import flushed, stored
 from tests.fakes.fake_flowagent import make_agent, tc, turn
 
@@ -128,7 +128,7 @@ def test_disk_full_counts_write_errors(tmp_path, monkeypatch) -> None:
     def no_space(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(flowrl.store, "atomic_write_bytes", no_space)
+    monkeypatch.setattr(flowrl.store.files, "atomic_write_bytes", no_space)
     monkeypatch.setattr(flowrl.store.TraceStore, "write_many", no_space)
     agent = make_agent()
     with hook_into_agent(agent, store=tmp_path) as hook:

@@ -18,7 +18,7 @@ from flowrl.capture import capture_llm_calls, hook_into_agent  # noqa: E402
 from flowrl.capture import openai_client as oc  # noqa: E402
 from flowrl.capture.grouping import GROUPED  # noqa: E402
 from flowrl.errors import ConfigError  # noqa: E402
-from flowrl.transcript import canonical_messages  # noqa: E402
+from flowrl.trace.transcript import canonical_messages  # noqa: E402
 from tests.fakes import flushed, stored  # noqa: E402
 from tests.test_capture_openai import FINAL, TOOLS, PlainAgent, _client, _Server  # noqa: E402
 

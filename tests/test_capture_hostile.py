@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from flowrl.capture import TraceCollector, hook_into_agent
-from flowrl.redact import MASK_FAILED
+from flowrl.trace.redact import MASK_FAILED
 from tests.fakes import flushed, stored
 from tests.fakes.fake_flowagent import make_agent, tc, turn
 

@@ -40,7 +40,7 @@ finally:
 from flowrl.capture import hook_into_agent  # noqa: E402
 from flowrl.capture import litellm_client as lc  # noqa: E402
 from flowrl.capture import openai_client as oc  # noqa: E402
-from flowrl.transcript import canonical_messages  # noqa: E402
+from flowrl.trace.transcript import canonical_messages  # noqa: E402
 from tests.fakes import flushed  # noqa: E402
 from tests.test_capture_openai import FINAL, TOOLS, _chat_chunks, _chat_reply  # noqa: E402
 

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 
 from flowrl.capture import hook_into_agent  # noqa: E402
 from flowrl.capture import openai_client as oc  # noqa: E402
-from flowrl.transcript import canonical_messages  # noqa: E402
+from flowrl.trace.transcript import canonical_messages  # noqa: E402
 from tests.fakes import flushed  # noqa: E402
 
 TOOLS = [

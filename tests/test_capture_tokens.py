@@ -16,8 +16,8 @@ from flowrl.capture import hook_into_agent
 from flowrl.capture.events import LLMEvent
 from flowrl.capture.masking import redact_trace
 from flowrl.capture.tokens import TokenInfo, token_info
-from flowrl.redact import Redactor
-from flowrl.schema import LLMCall
+from flowrl.trace.redact import Redactor
+from flowrl.trace.schema import LLMCall
 from tests.fakes import flushed
 
 OPENAI_KEY = "sk-proj-" + "Q7fZ2kLm9XwP4tRv8YbN3cHs6JdE1gUa"

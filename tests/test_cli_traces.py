@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 

@@ -10,7 +10,8 @@ import pytest
 from flowrl.errors import SandboxError
 from flowrl.rewards.code_execution import CodeBlock, CodeExecutionReward, fenced_blocks
 from flowrl.rewards.sandbox import ExecResult, Sandbox
-from flowrl.schema import ExecutionTrace, ToolCallTrace, load_trace
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 

@@ -20,7 +20,7 @@ from flowrl.data import (
 from flowrl.data.grouping import Grouper
 from flowrl.data.synthetic import synthetic_trace
 from flowrl.errors import ConfigError, MissingExtraError
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 _n = 0
 
@@ -210,7 +210,7 @@ def test_sft_top_share_label_and_best_per_task() -> None:
     best, _ = rows(SFTDatasetBuilder(select="best"), traces)
     assert {r["trace_id"] for r in best} == {traces[0].trace_id, traces[2].trace_id, traces[3].trace_id}
     labelled, _ = rows(SFTDatasetBuilder(select="label"), traces)
-    # an unlabelled score is labelled at the engine's threshold (0.6, flowrl.facts.label_at): 0.5 is not good
+    # an unlabelled score is labelled at the engine's threshold (0.6, flowrl.trace.facts.label_at): 0.5 is not good
     assert {r["trace_id"] for r in labelled} == {traces[0].trace_id, traces[2].trace_id, traces[3].trace_id}
 
 

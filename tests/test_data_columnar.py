@@ -14,10 +14,10 @@ import pytest
 from flowrl.data import DatasetFilter, DatasetPipeline, columnar
 from flowrl.data.synthetic import synthetic_trace
 from flowrl.methods import make_builder
-from flowrl.schema import LLMCall
-from flowrl.segments import SegmentStore
-from flowrl.segments.format import FORMAT_KEY, SCALARS, TRACE_COLUMN
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.store.segments import SegmentStore
+from flowrl.store.segments.format import FORMAT_KEY, SCALARS, TRACE_COLUMN
+from flowrl.trace.schema import LLMCall
 
 
 def _store(root: Path) -> SegmentStore:

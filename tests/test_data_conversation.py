@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flowrl.conversation import (
+from flowrl.store.files import TraceStore
+from flowrl.trace.conversation import (
     find_prompt_end,
     fit_trajectory,
     message_chars,
@@ -13,8 +14,7 @@ from flowrl.conversation import (
     normalize_query,
     trace_conversation,
 )
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 
@@ -36,7 +36,7 @@ def test_openai_tool_call_arguments_become_a_dict_and_content_a_string() -> None
     as_string = normalize_message(
         {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}, "string"
     )
-    assert as_string["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # flowrl.transcript.arguments_json
+    assert as_string["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # flowrl.trace.transcript.arguments_json
 
 
 def test_unparseable_arguments_are_kept_as_text() -> None:

@@ -11,7 +11,7 @@ import pytest
 from flowrl.cli import main
 from flowrl.data import METADATA_FILE, DatasetPipeline, KTODatasetBuilder, SFTDatasetBuilder
 from flowrl.data.synthetic import write_synthetic_store
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 

@@ -13,7 +13,7 @@ from helpers_tiny_model import tiny_tokenizer  # noqa: E402
 
 from flowrl.data.encode import EncodeStats, encode_for_trl, row_sequences  # noqa: E402
 from flowrl.data.tokens import CallTokens, ChatRenderer, TemplateError, aligned_calls, merge_calls  # noqa: E402
-from flowrl.schema import ExecutionTrace  # noqa: E402
+from flowrl.trace.schema import ExecutionTrace  # noqa: E402
 
 FEW_SHOT = [
     {"role": "system", "content": "You are a calculator agent."},

@@ -26,7 +26,7 @@ from flowrl.data import DatasetPipeline  # noqa: E402
 from flowrl.data.tokens import captured_calls, merge_calls  # noqa: E402
 from flowrl.demo.agent import FEW_SHOT, SYSTEM_PROMPT  # noqa: E402
 from flowrl.methods import make_builder  # noqa: E402
-from flowrl.store import TraceStore  # noqa: E402
+from flowrl.store.files import TraceStore  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "example-agent-captured"
 TOOL_RUN = "c972b153425c4d53"  # 25 * 4: exec_code, its result, then a final text turn

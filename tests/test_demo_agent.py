@@ -9,7 +9,7 @@ from typing import Any
 from flowrl.capture import hook_into_agent
 from flowrl.demo.agent import ExampleAgent, parse_tool_calls
 from flowrl.demo.tasks import TASKS, answer_matches
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 
 class ScriptedBackend:
@@ -78,7 +78,7 @@ def test_tasks_have_checkable_answers() -> None:
 
 def test_annotate_records_the_task_answer_once(tmp_path: Path) -> None:
     from flowrl.demo.tasks import annotate
-    from flowrl.schema import ExecutionTrace
+    from flowrl.trace.schema import ExecutionTrace
 
     store = TraceStore(tmp_path)
     store.write(ExecutionTrace(trace_id="a", user_query=TASKS[0].query, rewards={"format": 1.0}, reward_score=1.0))

@@ -21,7 +21,7 @@ def test_generated_doc_is_current(name: str) -> None:
 
 def test_import_flowrl_stays_light() -> None:
     code = (
-        "import sys, flowrl, flowrl.store, flowrl.redact, flowrl.capture; "
+        "import sys, flowrl, flowrl.store.files, flowrl.trace.redact, flowrl.capture; "
         "heavy = [m for m in ('torch', 'transformers', 'trl', 'peft', 'datasets') if m in sys.modules]; print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -14,7 +14,8 @@ from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.config import DEFAULT_WEIGHTS, load_config
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.learned import LearnedReward
-from flowrl.schema import ExecutionTrace, load_trace
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import ExecutionTrace
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces" / "2026-11-22"
 

@@ -44,7 +44,7 @@ def test_prompts_come_from_the_validation_split_in_any_trl_format(tmp_path: Path
         assert split == "validation"
         assert prompts and all(p.messages[-1]["role"] == "user" for p in prompts)
         # a reference only where the row has one (GRPO's `reference` column); an answer a logged run gave
-        # (DPO chosen, a desirable KTO completion, an SFT reply) is a guess, never a reference (flowrl.facts)
+        # (DPO chosen, a desirable KTO completion, an SFT reply) is a guess, never a reference (flowrl.trace.facts)
         assert [p.reference is not None for p in prompts] == [method == "grpo"] * len(prompts)
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "Say hi.", "reference_answer": "hi", "task": "greet"}\n{"prompt": "Say hi."}\n')

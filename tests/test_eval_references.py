@@ -17,7 +17,7 @@ pytest.importorskip("datasets")
 from flowrl.data import DatasetPipeline, DPODatasetBuilder, GRPODatasetBuilder, KTODatasetBuilder  # noqa: E402
 from flowrl.evaluate.prompts import answer_trace, load_prompts  # noqa: E402
 from flowrl.rewards.engine import RewardEngine  # noqa: E402
-from flowrl.schema import ExecutionTrace  # noqa: E402
+from flowrl.trace.schema import ExecutionTrace  # noqa: E402
 
 SUM, CAPITAL = "What is 2 + 2?", "Capital of France?"
 ANSWERS = {SUM: "2 + 2 = 4", CAPITAL: "It is Paris."}

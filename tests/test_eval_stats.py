@@ -12,7 +12,7 @@ from flowrl.errors import ConfigError, FlowRLError
 from flowrl.evaluate.results import format_table, read_eval_json, summarize, verify, write_eval_json
 from flowrl.evaluate.stats import mcnemar_exact, paired_bootstrap_diff, wilson_interval
 from flowrl.report import make_report
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 
 def _outcomes(n: int = 150, rates: dict[str, float] | None = None, seed: int = 1) -> dict[str, dict[str, bool]]:

@@ -1,4 +1,4 @@
-"""flowrl.facts: one meaning per fact. The rules one by one, then one set of traces through every consumer."""
+"""flowrl.trace.facts: one meaning per fact. The rules one by one, then one set of traces through every consumer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from flowrl import facts
 from flowrl.capture import hook_into_agent
 from flowrl.data import DatasetPipeline, GRPODatasetBuilder, KTODatasetBuilder
 from flowrl.data.grouping import Grouper
@@ -23,8 +22,10 @@ from flowrl.rewards.reference import ReferenceAnswerReward
 from flowrl.rewards.task_completion import TaskCompletionReward
 from flowrl.rewards.tool_success import ToolSuccessReward
 from flowrl.rewards.views import group_key
-from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, load_trace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace import facts
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import SCHEMA_VERSION, ExecutionTrace
 from tests.fakes import flushed
 
 EXEC_FAILED = "{'success': False, 'output': '', 'error': \"NameError: name 'x' is not defined\"}"  # exec_code's own

@@ -108,7 +108,7 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
 
 def _check_secondary(out: Path, arms: list[str]) -> None:
     """rewards.json: each reward's mean per arm over exactly the tasks where every arm's run has a value."""
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     secondary = json.loads((out / "round-1" / "rewards.json").read_text())["rewards"]
     runs = {

@@ -31,7 +31,7 @@ def _servers() -> set[int]:
 
 def test_a_users_openai_agent_goes_through_a_round(tmp_path: Path) -> None:
     from flowrl.cli import app
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     tasks = tmp_path / "tasks.jsonl"
     pairs = [(a, b) for a in range(1, 5) for b in range(1, 4)]

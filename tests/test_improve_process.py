@@ -12,7 +12,7 @@ import pytest
 
 from flowrl.engines.policy import Policy
 from flowrl.improve.process import AgentProcess, AgentProcessError
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 HELPERS = Path(__file__).parent / "helpers_process_agent.py"
 POLICY = Policy(base_url="http://127.0.0.1:9/v1", model="collect-1", temperature=0.8, seed=3)

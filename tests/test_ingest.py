@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.ingest import CheckpointLoader, ingest_paths
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 AGENT = "sample_agent"
 QUERIES = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flowrl.ingest import CheckpointLoader, ingest_paths
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flowagent_files as samples
 
 AGENT = "agent"

@@ -11,7 +11,7 @@ import pytest
 
 from flowrl.cli import main
 from flowrl.ingest.watch import STATE_NAME
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 CP_DIR = "tb_data_dir/.data/main-vm/Agents/checkpoint/sample_agent"
 

@@ -16,7 +16,7 @@ from flowrl.ingest import langfuse
 from flowrl.ingest.api import ingest_paths
 from flowrl.ingest.discover import LANGFUSE, OTLP, classify, classify_explicit
 from flowrl.ingest.otlp import read_otlp
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "langfuse"
 OTEL_TRACE = json.loads((FIXTURES / "ingestion-1.json").read_text())["batch"][0]["body"]["traceId"]

@@ -22,8 +22,8 @@ import pytest
 from flowrl.data import DatasetPipeline, KTODatasetBuilder, SFTDatasetBuilder
 from flowrl.ingest import ingest_paths
 from flowrl.ingest.discover import OPENAI_LOG, OTLP, classify, classify_explicit
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "otlp"
 PRODUCE = FIXTURES / "produce.py"

@@ -20,8 +20,8 @@ import pytest
 
 from flowrl.ingest import ingest_paths
 from flowrl.ingest.watch import Watcher
-from flowrl.redact import redact_text
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.redact import redact_text
 
 pytestmark = [
     pytest.mark.integration,

@@ -20,7 +20,7 @@ import pytest
 from flowrl.cli import main
 from flowrl.ingest import ingest_paths
 from flowrl.ingest.watch import STATE_NAME, Watcher
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flowagent_files as samples
 
 AGENT = "agent"

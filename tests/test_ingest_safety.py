@@ -14,7 +14,7 @@ from flowrl.errors import IngestError, UnsafePickleError
 from flowrl.ingest import ALLOWED, CheckpointLoader, ingest_paths
 from flowrl.ingest.engine import Ingestor
 from flowrl.ingest.unpickler import load_restricted, loads_restricted
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flowagent_files as samples
 
 FIXTURE_CP = "tb_data_dir/.data/main-vm/Agents/checkpoint/sample_agent"

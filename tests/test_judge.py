@@ -12,7 +12,7 @@ import pytest
 
 from flowrl.rewards.judge import LLMJudgeReward
 from flowrl.rewards.judge_client import JudgeClient, extract_json
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 _TRAJ = re.compile(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', re.DOTALL)
 

@@ -12,8 +12,9 @@ import pytest
 from flowrl.cli import main
 from flowrl.data import DatasetFilter
 from flowrl.errors import ConfigError
-from flowrl.schema import ExecutionTrace, upgrade
-from flowrl.store import TraceFilter, TraceStore
+from flowrl.store.files import TraceFilter, TraceStore
+from flowrl.trace.load import upgrade
+from flowrl.trace.schema import ExecutionTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 

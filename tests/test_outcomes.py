@@ -16,11 +16,11 @@ from flowrl import HostOutcome, current_run, hook_into_agent
 from flowrl.cli import main
 from flowrl.data.base import effective_label
 from flowrl.errors import ConfigError
-from flowrl.facts import label_at, reference, run_outcome
-from flowrl.outcomes import make_outcome, merge, parse_reward
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
-from flowrl.store_outcomes import OUTCOMES
+from flowrl.store.files import TraceStore
+from flowrl.store.outcomes import OUTCOMES
+from flowrl.trace.facts import label_at, reference, run_outcome
+from flowrl.trace.outcomes import make_outcome, merge, parse_reward
+from flowrl.trace.schema import ExecutionTrace
 
 ANSWERS = {"What is 12*7?": "12*7 = 85", "What is the capital of Peru?": "I don't know.", "What is 2+2?": "4"}
 KNOWN = {"What is 12*7?": "84", "What is 2+2?": "4"}  # what the host's application knows

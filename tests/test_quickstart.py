@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"

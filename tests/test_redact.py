@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowrl.redact import MASK_FAILED, Redactor, redact_text
+from flowrl.trace.redact import MASK_FAILED, Redactor, redact_text
 
 SECRETS = {
     "openai_key": "sk-abcdefghijklmnopqrstuvwxyz0123456789ABCD",
@@ -77,7 +77,7 @@ def test_a_failing_mask_logs_once(caplog: pytest.LogCaptureFixture) -> None:
         raise RuntimeError("mask bug")
 
     r = Redactor(mask=broken)
-    with caplog.at_level("WARNING", logger="flowrl.redact"):
+    with caplog.at_level("WARNING", logger="flowrl.trace.redact"):
         r.redact(["a", "b", "c", {"d": "e"}])
     assert r.stats.mask_failures == 4
     assert len([rec for rec in caplog.records if "mask callback raised" in rec.getMessage()]) == 1

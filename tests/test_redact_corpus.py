@@ -18,8 +18,8 @@ import pytest
 
 from flowrl.capture.assemble import complete_trace
 from flowrl.capture.masking import redact_trace
-from flowrl.redact import MASK_FAILED, Redactor
-from flowrl.schema import load_trace
+from flowrl.trace.load import load_trace
+from flowrl.trace.redact import MASK_FAILED, Redactor
 
 SECRET_RATE_MIN = 0.98
 BENIGN_ALTERED_MAX = 0.02

@@ -9,8 +9,8 @@ import pytest
 
 from flowrl.cli import main
 from flowrl.report import make_report
-from flowrl.schema import ExecutionTrace, ToolCallTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 
@@ -112,7 +112,7 @@ def test_report_renders_in_a_real_browser(tmp_path: Path) -> None:
 
 
 def test_report_cli_on_a_segment_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flowrl.segments import SegmentStore
+    from flowrl.store.segments import SegmentStore
 
     segments = SegmentStore(tmp_path / "segs", writer_id="r")
     segments.write_many(list(_store(tmp_path).iter_traces()))

@@ -22,9 +22,9 @@ from flowrl.data.synthetic import synthetic_trace  # noqa: E402
 from flowrl.methods import make_builder  # noqa: E402
 from flowrl.review.app import create_app  # noqa: E402
 from flowrl.review.queue import QueueFilter  # noqa: E402
-from flowrl.schema import ExecutionTrace  # noqa: E402
-from flowrl.store import TraceStore  # noqa: E402
-from flowrl.store_open import open_store  # noqa: E402
+from flowrl.store.files import TraceStore  # noqa: E402
+from flowrl.store.opener import open_store  # noqa: E402
+from flowrl.trace.schema import ExecutionTrace  # noqa: E402
 
 LOCAL = "http://127.0.0.1"
 HOSTILE_ANSWER = "<img src=x onerror=alert(1)> <script>alert('answer')</script>"

@@ -28,7 +28,7 @@ from test_review import hostile_trace  # noqa: E402
 from flowrl.cli.review import _bind  # noqa: E402
 from flowrl.data.synthetic import synthetic_trace  # noqa: E402
 from flowrl.review.app import create_app  # noqa: E402
-from flowrl.store import TraceStore  # noqa: E402
+from flowrl.store.files import TraceStore  # noqa: E402
 
 N_LABELS = 20
 

@@ -14,8 +14,8 @@ from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.judge import LLMJudgeReward
 from flowrl.rewards.judge_client import JudgeRequestError
 from flowrl.rewards.scoring import ErrorBudgetExceeded, score_store
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 
 class Fixed(Reward):

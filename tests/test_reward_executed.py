@@ -12,7 +12,7 @@ import pytest
 
 from flowrl.errors import FlowRLError
 from flowrl.rewards.tool_success import ToolSuccessReward
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "example-agent-captured"
 

@@ -12,7 +12,7 @@ from flowrl.rewards import RewardEngine, RewardResult
 from flowrl.rewards.base import Reward
 from flowrl.rewards.config import DEFAULT_THRESHOLD, DEFAULT_WEIGHTS, TOOLBOXV2_WEIGHTS, load_config
 from flowrl.rewards.format import FormatComplianceReward, parse_tool_markup
-from flowrl.schema import ExecutionTrace, ToolCallTrace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful agent with tools."},

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from flowrl.rewards import RewardEngine, RewardResult
 from flowrl.rewards.reference import ReferenceAnswerReward, answer_matches
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 
 def test_reference_answer_matches_whole_words_and_numbers() -> None:

@@ -14,8 +14,8 @@ from flowrl.errors import ConfigError
 from flowrl.rewards import config
 from flowrl.rewards.config import REGISTRY, load_config, register_reward, reward_names
 from flowrl.rewards.engine import RewardEngine
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,8 @@ from flowrl.rewards.format import FormatComplianceReward
 from flowrl.rewards.syntax import SyntaxValidationReward, check_python
 from flowrl.rewards.task_completion import TaskCompletionReward
 from flowrl.rewards.tool_success import ToolSuccessReward
-from flowrl.schema import ExecutionTrace, ToolCallTrace, load_trace
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering"
 RL_TRACES = FIXTURES / "rl_traces" / "2026-11-22"

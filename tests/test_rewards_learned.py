@@ -9,7 +9,7 @@ import pytest
 
 from flowrl.errors import ConfigError
 from flowrl.rewards.learned import FEATURES, LearnedReward
-from flowrl.schema import ExecutionTrace, ToolCallTrace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 pytest.importorskip("numpy")
 

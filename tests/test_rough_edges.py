@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
-from flowrl.schema import ExecutionTrace, ToolCallTrace
-from flowrl.store import TraceStore
-from flowrl.transcript import synthesize_messages
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
+from flowrl.trace.transcript import synthesize_messages
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 
@@ -87,7 +87,7 @@ def test_failed_tool_message_in_a_synthesised_transcript_carries_the_error() -> 
 
 
 def test_failed_tool_in_a_trace_without_transcript_shows_its_error() -> None:
-    from flowrl.schema import load_trace
+    from flowrl.trace.load import load_trace
 
     trace = load_trace(
         {

@@ -17,7 +17,7 @@ from flowrl.errors import SandboxError
 from flowrl.rewards import sandbox_launch
 from flowrl.rewards.code_execution import CodeExecutionReward
 from flowrl.rewards.sandbox import LANGUAGES, STATUSES, Sandbox
-from flowrl.schema import ExecutionTrace, ToolCallTrace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 TIMEOUT = 1.5  # per hostile program
 SLACK = 3.0  # what a result may take beyond its timeout on a loaded 2-core machine

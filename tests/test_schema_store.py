@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from flowrl.errors import SchemaError, StoreError
-from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, ToolCallTrace, load_trace, result_is_failure
-from flowrl.store import TraceFilter, TraceStore
+from flowrl.store.files import TraceFilter, TraceStore
+from flowrl.trace.facts import result_failed
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import SCHEMA_VERSION, ExecutionTrace, ToolCallTrace
 
 RL_TRACES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering" / "rl_traces"
 
@@ -32,13 +34,13 @@ def test_upgrade_marks_traceback_results_as_failures() -> None:
     assert [c.success for c in t.tool_calls] == [False, True]
 
 
-def test_result_is_failure_rules() -> None:
-    assert result_is_failure("Error executing fetch_stock: timeout")
-    assert result_is_failure("System-Error: Invalid JSON in tool arguments")
-    assert result_is_failure("{'success': True, 'output': 'Traceback (most recent call last):\\n ...'}")
-    assert result_is_failure({"success": False})
-    assert not result_is_failure("{'success': True, 'output': '385', 'error': None}")
-    assert not result_is_failure("The error rate was 2%")
+def test_result_failed_rules() -> None:
+    assert result_failed("Error executing fetch_stock: timeout")
+    assert result_failed("System-Error: Invalid JSON in tool arguments")
+    assert result_failed("{'success': True, 'output': 'Traceback (most recent call last):\\n ...'}")
+    assert result_failed({"success": False})
+    assert not result_failed("{'success': True, 'output': '385', 'error': None}")
+    assert not result_failed("The error rate was 2%")
 
 
 def test_write_is_atomic_and_round_trips(tmp_path: Path) -> None:

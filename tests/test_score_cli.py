@@ -13,8 +13,9 @@ from flowrl.cli import main
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import apply_results, score_store
-from flowrl.schema import ExecutionTrace, ToolCallTrace, load_trace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flowagent-0.1.28" / "rendering"
 NAMES = ["syntax", "tool_success", "task_completion", "efficiency", "format", "reference_answer", "host_outcome"]

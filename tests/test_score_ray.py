@@ -14,8 +14,8 @@ import pytest
 
 from flowrl.cli import main
 from flowrl.rewards.ray_scoring import decode_trace, encode_trace
-from flowrl.schema import ExecutionTrace, ToolCallTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 from tests.test_score_cli import fill_store
 
 VOLATILE = {"duration", "durations", "elapsed"}  # timings the sandbox reports: they differ from run to run

@@ -16,11 +16,11 @@ pytest.importorskip("fsspec")
 from flowrl.cli import main  # noqa: E402
 from flowrl.data.synthetic import write_synthetic_store  # noqa: E402
 from flowrl.errors import ConfigError, StoreError  # noqa: E402
-from flowrl.schema import ExecutionTrace  # noqa: E402
-from flowrl.segments import SegmentStore, names  # noqa: E402
-from flowrl.segments import compact as compact_mod  # noqa: E402
-from flowrl.store import TraceStore  # noqa: E402
-from flowrl.store_open import open_store  # noqa: E402
+from flowrl.store.files import TraceStore  # noqa: E402
+from flowrl.store.opener import open_store  # noqa: E402
+from flowrl.store.segments import SegmentStore, names  # noqa: E402
+from flowrl.store.segments import compact as compact_mod  # noqa: E402
+from flowrl.trace.schema import ExecutionTrace  # noqa: E402
 
 
 def _trace(i: int, *, agent: str = "a", day: int = 1, **fields: object) -> ExecutionTrace:

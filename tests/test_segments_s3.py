@@ -31,7 +31,7 @@ CAPTURE = textwrap.dedent(
     """
     import asyncio, sys
     from flowrl.capture import hook_into_agent
-    from flowrl.store_open import open_store
+    from flowrl.store.opener import open_store
 
     url, writer, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
@@ -59,7 +59,7 @@ CAPTURE = textwrap.dedent(
 SCORE = textwrap.dedent(
     """
     import sys
-    from flowrl.store_open import open_store
+    from flowrl.store.opener import open_store
 
     with open_store(sys.argv[1], writer_id="scorer", flush_rows=500) as store:
         for trace in list(store.iter_traces()):
@@ -112,7 +112,7 @@ def test_two_processes_capture_into_one_s3_store(s3_env: dict[str, str]) -> None
     import pyarrow.parquet as pq
     import s3fs
 
-    from flowrl.segments import SegmentStore, names
+    from flowrl.store.segments import SegmentStore, names
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
     fs.mkdir("fleet")
@@ -147,7 +147,7 @@ def test_two_processes_capture_into_one_s3_store(s3_env: dict[str, str]) -> None
 def test_an_existing_object_is_refused_not_replaced(s3_env: dict[str, str]) -> None:
     import s3fs
 
-    from flowrl.segments.fs import Root
+    from flowrl.store.segments.fs import Root
 
     fs = s3fs.S3FileSystem(endpoint_url=s3_env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
     fs.mkdir("excl")

@@ -1,4 +1,4 @@
-"""SideView: a store's side records held compactly and found by trace id (`flowrl.segments.sideview`)."""
+"""SideView: a store's side records held compactly and found by trace id (`flowrl.store.segments.sideview`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from flowrl.segments import sideview
-from flowrl.segments.sidecar import Record, patch_line
-from flowrl.segments.sideview import SideView
+from flowrl.store.segments import sideview
+from flowrl.store.segments.sidecar import Record, patch_line
+from flowrl.store.segments.sideview import SideView
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,12 +172,13 @@ VALUES = {
 
 
 def test_plain_patches_merged_in_bulk_as_one_by_one() -> None:
-    """`plain.merge_columns` gives what `sidecar.merge_patch` gives, for every kind of base and patch: a person's
+    """`sideview.merge_columns` gives what `sidecar.merge_patch` gives, for every kind of base and patch: a person's
     label kept against a patch that is not manual, the patch's values winning otherwise."""
     import random
 
-    from flowrl.segments.plain import COLUMNS, merge_columns
-    from flowrl.segments.sidecar import merge_patch
+    from flowrl.store.segments.plain import COLUMNS
+    from flowrl.store.segments.sidecar import merge_patch
+    from flowrl.store.segments.sideview import merge_columns
 
     rng = random.Random(5)
     view = SideView()
@@ -236,13 +237,13 @@ def test_plain_patches_merged_in_bulk_as_one_by_one() -> None:
     ],
 )
 def test_a_patch_with_a_value_the_trace_model_refuses_or_another_field_is_not_plain(fields: dict[str, object]) -> None:
-    from flowrl.segments.plain import codes, is_plain
+    from flowrl.store.segments.plain import codes, is_plain
 
     assert codes(fields) is None and not is_plain(fields)
 
 
 def test_plain_codes_say_what_a_patch_sets() -> None:
-    from flowrl.segments.plain import codes
+    from flowrl.store.segments.plain import codes
 
     assert codes({}) == (0, pytest.approx(float("nan"), nan_ok=True))
     every = {"label": True, "label_source": "manual", "manual_review": False, "reward_score": 1, "rewards": {}}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from flowrl.capture import hook_into_agent
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.helpers_export import save_tiny_adapter, save_tiny_model
 
 

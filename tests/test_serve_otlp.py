@@ -14,7 +14,7 @@ import pytest
 
 from flowrl.errors import ConfigError
 from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 FIXTURES = Path(__file__).parent / "fixtures" / "otlp"
 

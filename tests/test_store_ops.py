@@ -17,8 +17,8 @@ import pytest
 import flowrl
 from flowrl.data import DatasetPipeline, KTODatasetBuilder
 from flowrl.data.synthetic import write_synthetic_store
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def test_racing_label_and_score_writes_both_survive(tmp_path: Path) -> None:
 
 _INCREMENT = """
 import sys
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 store = TraceStore(sys.argv[1])
 def bump(t):
     t.metadata["n"] = t.metadata.get("n", 0) + 1

@@ -23,9 +23,9 @@ from flowrl.report.metrics import store_metrics
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import score_store
-from flowrl.schema import ExecutionTrace
-from flowrl.store import STALE_STAGING_S, TraceFilter, TraceStore
-from flowrl.store_index import valid_day
+from flowrl.store.files import STALE_STAGING_S, TraceFilter, TraceStore
+from flowrl.store.index import valid_day
+from flowrl.trace.schema import ExecutionTrace
 
 IMPOSSIBLE = ("2026-13-45", "2024-02-30", "0000-01-01")
 
@@ -283,7 +283,7 @@ def test_a_failing_write_many_leaves_no_temp_file(tmp_path: Path, monkeypatch: p
     assert not store.staging.exists() or list(store.staging.iterdir()) == []
     assert not list(tmp_path.rglob("*.json"))
 
-    import flowrl.store as store_module
+    import flowrl.store.files as store_module
 
     real = store_module.dumps
     calls = {"n": 0}
@@ -304,7 +304,7 @@ def test_a_failing_write_many_leaves_no_temp_file(tmp_path: Path, monkeypatch: p
 # -- directory fsync --------------------------------------------------------------------------------
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Record renames and fsyncs (of folders: their inode) in order."""
-    import flowrl.store_index as store_index
+    import flowrl.store.index as store_index
 
     events: list[tuple[str, Any]] = []
     real_fsync, real_replace, real_syncfs = os.fsync, os.replace, store_index._syncfs

@@ -26,7 +26,7 @@ from flowrl.demo.suite import (
     suite,
 )
 from flowrl.demo.tasks import TASKS, Task, annotate
-from flowrl.facts import query_key
+from flowrl.trace.facts import query_key
 
 
 class FakeSandbox:
@@ -161,7 +161,7 @@ def test_grade_accepts_a_float_spelling_of_an_integer_answer() -> None:
 @pytest.mark.parametrize("text", ["84", "The answer is 84.", "841", "84.0", "", "It is 8 4"])
 def test_grade_agrees_with_the_reference_answer_reward(text: str) -> None:
     from flowrl.rewards.reference import ReferenceAnswerReward
-    from flowrl.schema import ExecutionTrace
+    from flowrl.trace.schema import ExecutionTrace
 
     task = Task("t", "What is 12 * 7?", "84", "calc")
     trace = ExecutionTrace(
@@ -235,8 +235,8 @@ def test_suite_tasks_that_share_an_id_with_the_hand_written_ones_are_the_same_ta
 
 
 def test_annotate_records_suite_answers(tmp_path: Path, tasks: list[SuiteTask]) -> None:
-    from flowrl.schema import ExecutionTrace
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
+    from flowrl.trace.schema import ExecutionTrace
 
     calc = next(t for t in tasks if t.kind == "calc")
     store = TraceStore(tmp_path)

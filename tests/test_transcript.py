@@ -1,4 +1,4 @@
-"""flowrl.transcript, the one reader and writer of the chat format: its rules one by one, that the old
+"""flowrl.trace.transcript, the one reader and writer of the chat format: its rules one by one, that the old
 places use it, and that one FlowAgent run captured live and ingested from its files is one trace."""
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 
-from flowrl import conversation, facts
-from flowrl import transcript as tr
 from flowrl.capture import assemble, hook_into_agent
-from flowrl.conversation import trace_conversation
 from flowrl.ingest import ingest_paths
 from flowrl.ingest import transcript as ingest_transcript
 from flowrl.rewards import views
 from flowrl.rewards.engine import RewardEngine
-from flowrl.schema import SCHEMA_VERSION, ExecutionTrace, ToolCallTrace, load_trace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace import conversation, facts
+from flowrl.trace import transcript as tr
+from flowrl.trace.conversation import trace_conversation
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import SCHEMA_VERSION, ExecutionTrace, ToolCallTrace
 from tests.fakes import flowagent_files as samples
 from tests.fakes import flushed
 from tests.fakes.fake_flowagent import make_agent, tc, turn
@@ -443,7 +444,7 @@ def test_a_run_captured_live_and_ingested_from_its_checkpoint_is_one_trace(tmp_p
         (live_dict,) = flushed(hook)
     finally:
         hook.unhook()
-    live = ExecutionTrace.from_dict(live_dict)
+    live = load_trace(live_dict)
     _write_flowagent_files(agent, live.run_id, llm_inputs, duration_s, tmp_path / "data")
     store = TraceStore(tmp_path / "ingested")
     assert ingest_paths([tmp_path / "data"], store).new == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.ingest.watch import STATE_NAME, Watcher
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 from tests.fakes import flowagent_files as samples
 
 AGENT = "agent"
@@ -185,7 +185,7 @@ def test_watch_once_into_a_segment_store_remembers_what_it_read(
     root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     from flowrl.ingest.watch import watch_home
-    from flowrl.segments import SegmentStore
+    from flowrl.store.segments import SegmentStore
 
     monkeypatch.setenv("FLOWRL_HOME", str(tmp_path / "home"))
     spec = str(tmp_path / "segs") if where == "folder" else f"memory://flowrl-watch-{tmp_path.name}"

@@ -7,14 +7,14 @@ Rules (docs/reference/flowagent-0.1.28.md §7):
   layer recorded that call id;
 - tool success is honest: an exception, or a result that is a failure (`Error`/`System-Error` head, a
   traceback, `success: False` in a dict or its text) is a failure whatever the framework said
-  (`flowrl.facts.tool_failed`, the rule every reader uses);
+  (`flowrl.trace.facts.tool_failed`, the rule every reader uses);
 - `think` results are reasoning steps, one per `tool_call_id`;
 - `final_answer` is the answer, not a tool call; its `success` argument is the model's own verdict;
-- `success` is what the run said about itself (`flowrl.facts.reported_success`: an exception, a failed
+- `success` is what the run said about itself (`flowrl.trace.facts.reported_success`: an exception, a failed
   status, an error answer, else the final_answer flag, else the stream's `done` flag); the facts
-  (`flowrl.facts`, outcome, tool tallies, task key) are filled when the dict is loaded as a trace;
+  (`flowrl.trace.facts`, outcome, tool tallies, task key) are filled when the dict is loaded as a trace;
 - the transcript (arguments, tool-call shape, duplicate tool results, synthesis when the agent has none,
-  the `final_answer` call) is read and written by `flowrl.transcript`, as ingest and rewards read it.
+  the `final_answer` call) is read and written by `flowrl.trace.transcript`, as ingest and rewards read it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from flowrl.capture.events import Event, LLMEvent, ToolEvent
 from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
 from flowrl.capture.values import Values, type_name, unserialisable
-from flowrl.facts import reported_success, tool_failed
-from flowrl.transcript import (
+from flowrl.trace.facts import reported_success, tool_failed
+from flowrl.trace.transcript import (
     canonical_message,
     complete_messages,
     dedup_tool_results,
@@ -51,7 +51,7 @@ def _iso(ts: float) -> str:
 
 
 def _judged(v: Values, raw: Any, result: str) -> Any:
-    """What a tool's success is judged by (`flowrl.facts.tool_failed`): its result as JSON data (a string
+    """What a tool's success is judged by (`flowrl.trace.facts.tool_failed`): its result as JSON data (a string
     result is its text, already made)."""
     return result if isinstance(raw, str) or raw is None else v.plain(raw)
 
@@ -451,7 +451,7 @@ def _tools_offered(v: Values, events: list[Event]) -> list[dict[str, Any]]:
 
 def complete_trace(data: dict[str, Any]) -> dict[str, Any]:
     """Rebuild `messages` when the agent has no transcript of its own (after masking, from the masked
-    query, tool calls and answer: each value is masked once; `flowrl.transcript.complete_messages`).
+    query, tool calls and answer: each value is masked once; `flowrl.trace.transcript.complete_messages`).
 
     The dict is then what schema version 2 asks for (honest tool success, canonical messages), so loading it
     runs only the later upgrades (the facts), not the transcript a second time."""

@@ -1,7 +1,7 @@
 """Client LLM calls read back on the writer thread: an `LLMEvent` the OpenAI SDK or LiteLLM patch recorded
 (`openai_client.py`, `litellm_client.py`) as an `llm_calls` entry (`call_entry`, `merged_entry` for calls made
 inside a hooked LLM method) and as what the model saw (`seen_messages`: a call's request messages plus its
-response message, OpenAI chat format; a Responses call's items read by `flowrl.transcript.responses_messages`).
+response message, OpenAI chat format; a Responses call's items read by `flowrl.trace.transcript.responses_messages`).
 Chat completions, their streams (the chunks the host read), Responses and their event streams.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture.events import LLMEvent
-from flowrl.transcript import content_text, field_of, responses_messages, tool_call_parts
+from flowrl.trace.transcript import content_text, field_of, responses_messages, tool_call_parts
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.values import Values

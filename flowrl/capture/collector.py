@@ -52,10 +52,11 @@ from flowrl.capture.registration import (
     Registration,
     check_queue_size,
 )
-from flowrl.outcomes import HostOutcome
-from flowrl.redact import Redactor
-from flowrl.schema import ExecutionTrace, load_trace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.load import load_trace
+from flowrl.trace.outcomes import HostOutcome
+from flowrl.trace.redact import Redactor
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger("flowrl.capture")
 
@@ -129,7 +130,7 @@ def _install_process_hooks() -> None:
 
 def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
     """The store to write to: a `TraceStore`, a `SegmentStore` (anything with `write` and `flush`), or a folder
-    or URL opened by `flowrl.store_open.open_store` (segments for `s3://...` or a folder holding `segments/`)."""
+    or URL opened by `flowrl.store.opener.open_store` (segments for `s3://...` or a folder holding `segments/`)."""
     if store is None:
         return TraceStore.default()
     if isinstance(store, TraceStore):
@@ -137,7 +138,7 @@ def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
     if callable(getattr(store, "write", None)) and callable(getattr(store, "flush", None)):
         return store  # type: ignore[return-value]  # a SegmentStore: the same writing API
     if isinstance(store, (str, os.PathLike)):
-        from flowrl.store_open import open_store
+        from flowrl.store.opener import open_store
 
         return open_store(store)  # type: ignore[return-value]
     raise TypeError(f"store must be a TraceStore, a SegmentStore, a folder or a URL, not {type(store).__name__}")

@@ -44,8 +44,8 @@ from flowrl.capture.events import LLMEvent
 from flowrl.capture.hook import Hook, _clients, capture_options
 from flowrl.capture.recorder import RunRecord, current_llm
 from flowrl.errors import ConfigError
-from flowrl.store import TraceStore
-from flowrl.transcript import content_text, field_of, responses_messages, tool_call_parts
+from flowrl.store.files import TraceStore
+from flowrl.trace.transcript import content_text, field_of, responses_messages, tool_call_parts
 
 GROUPED = "conversation_prefix"  # metadata.grouped of a grouped run
 ADAPTER = "llm_client"

@@ -38,9 +38,9 @@ from flowrl.capture.collector import (
 from flowrl.capture.events import Adapter, PatchSpec
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
-from flowrl.outcomes import HostOutcome, make_outcome
-from flowrl.schema import SOURCES
-from flowrl.store import TRACE_ID, TraceStore
+from flowrl.store.files import TRACE_ID, TraceStore
+from flowrl.trace.outcomes import HostOutcome, make_outcome
+from flowrl.trace.schema import SOURCES
 
 log = logging.getLogger("flowrl.capture")
 

@@ -17,7 +17,7 @@ OWN_METADATA = frozenset({"adapter", "method", "transcript", "final_answer_succe
 
 
 class _Masker:
-    """A per-trace front of `flowrl.redact.Redactor`: same results, each distinct unkeyed string once.
+    """A per-trace front of `flowrl.trace.redact.Redactor`: same results, each distinct unkeyed string once.
     `changed` counts the strings it returned altered (a cached one each time it is asked again)."""
 
     def __init__(self, redactor: Any) -> None:
@@ -80,7 +80,7 @@ def _mask_message(redactor: Any, msg: Any) -> Any:
 
 
 def redact_outcomes(redactor: Any, outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mask secrets in the host's outcomes (`flowrl.outcomes`): their reference and feedback texts (copies)."""
+    """Mask secrets in the host's outcomes (`flowrl.trace.outcomes`): their reference and feedback texts (copies)."""
     if not isinstance(redactor, _Masker):
         redactor = _Masker(redactor)
     return [_mask_fields(redactor, o, ("reference", "feedback")) for o in outcomes]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 from flowrl.capture.events import LLMEvent
-from flowrl.schema import new_trace_id
+from flowrl.trace.schema import new_trace_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.events import Event, ToolEvent

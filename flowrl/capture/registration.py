@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from flowrl.redact import Redactor
+from flowrl.trace.redact import Redactor
 
 if TYPE_CHECKING:
     from flowrl.capture.collector import TraceCollector
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
 DEFAULT_QUEUE_SIZE = 1024
 DEFAULT_EXIT_TIMEOUT = 5.0

@@ -44,7 +44,7 @@ class RunHandle:
         feedback: str | None = None,
         source: str = "app",
     ) -> bool:
-        """Say how this run went (every field optional; see `flowrl.outcomes`). During the run it is written
+        """Say how this run went (every field optional; see `flowrl.trace.outcomes`). During the run it is written
         with the trace; after, on its own. True when it was accepted for writing."""
         hook = self._run.hook
         outcome = hook.make_outcome(

@@ -48,7 +48,7 @@ class TokenInfo:
     tokenizer: str | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The non-empty fields, named as in `flowrl.schema.LLMCall`."""
+        """The non-empty fields, named as in `flowrl.trace.schema.LLMCall`."""
         return {
             name: value
             for name in ("prompt_token_ids", "token_ids", "logprobs", "tokenizer")

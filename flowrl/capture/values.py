@@ -93,7 +93,7 @@ class Values:
 
     def __init__(self, limit: int | None = DEFAULT_MAX_CHARS, premask: Any = None) -> None:
         self.limit = limit
-        self.keep = None if limit is None else max(limit // 2 - 64, 16)  # as flowrl.redact.Redactor keeps
+        self.keep = None if limit is None else max(limit // 2 - 64, 16)  # as flowrl.trace.redact.Redactor keeps
         self.premask = premask  # a Redactor (built-in patterns only) for the edges of what is cut
         self._cuts: dict[int, tuple[Any, str]] = {}  # id(long string) -> (it, its cut): each is cut once
 
@@ -242,7 +242,7 @@ class Values:
 
     def cut(self, text: Any, n: int) -> str:
         """Head and tail of a long string around `…[truncated N chars]…` (N: characters dropped), the way
-        `flowrl.redact.Redactor` keeps them, in O(limit) steps. With masking on, the edges are read with a
+        `flowrl.trace.redact.Redactor` keeps them, in O(limit) steps. With masking on, the edges are read with a
         `MASK_MARGIN` and masked (built-in patterns) before they are cut, so a secret across a cut is
         masked whole, as when the whole value is masked first. No digest: one of the whole value would be
         taken before masking (a handle on short secrets) or after masking all of it (the unbounded work

@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from flowrl import __version__
 from flowrl.errors import FlowRLError
+from flowrl.version import __version__
 
 # Command modules, in the order their commands are listed in `flowrl --help`.
 COMMAND_MODULES: tuple[str, ...] = (

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 from rich.console import Console
 
-from flowrl.store import ReadProblem, TraceStore
-from flowrl.store_open import open_store as open_any_store
+from flowrl.store.files import ReadProblem, TraceStore
+from flowrl.store.opener import open_store as open_any_store
 
 if TYPE_CHECKING:
-    from flowrl.segments import SegmentStore
+    from flowrl.store.segments import SegmentStore
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
@@ -29,7 +29,7 @@ StoreOption = typer.Option(
 
 
 def open_store(store: Path | str | None) -> Any:
-    """The store `--store` names (`flowrl.store_open.open_store`): a `TraceStore` for a folder of per-trace JSON,
+    """The store `--store` names (`flowrl.store.opener.open_store`): a `TraceStore` for a folder of per-trace JSON,
     a `SegmentStore` for a URL or a folder holding `segments/`. Typed `Any`: both have the API commands use."""
     return open_any_store(store)
 

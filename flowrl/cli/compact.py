@@ -1,4 +1,4 @@
-"""`flowrl compact`: a store's per-trace JSON files into Parquet segments (`flowrl.segments.compact`)."""
+"""`flowrl compact`: a store's per-trace JSON files into Parquet segments (`flowrl.store.segments.compact`)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def compact_cmd(
 ) -> None:
     """Convert per-trace JSON files into columnar segments, in place (verified before any JSON file is removed)
     or into another root. Safe to interrupt and to run again: every reader reads both layouts."""
-    from flowrl.segments.compact import compact
-    from flowrl.store import default_root
-    from flowrl.store_open import store_spec
+    from flowrl.store.files import default_root
+    from flowrl.store.opener import store_spec
+    from flowrl.store.segments.compact import compact
 
     root = store_spec(store) if store is not None else str(default_root())
     summary = compact(root, out=out, keep_json=keep_json, writer_id=writer_id)

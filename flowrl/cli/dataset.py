@@ -15,7 +15,7 @@ from flowrl.errors import ConfigError
 if TYPE_CHECKING:
     from flowrl.data import DatasetFilter
     from flowrl.data.grouping import GroupBy
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
 METHOD_HELP = "kto, grpo (online prompts), grpo-offline (logged groups), sft or dpo."
 

@@ -12,13 +12,14 @@ from rich.table import Table
 
 from flowrl.cli.common import StoreOption, console, open_store, report_problems
 from flowrl.errors import ConfigError
-from flowrl.facts import is_manual_label, run_outcome
-from flowrl.outcomes import make_outcome, parse_reward
-from flowrl.redact import Redactor
-from flowrl.store import TraceFilter, dumps
+from flowrl.store.files import TraceFilter, dumps
+from flowrl.trace.facts import is_manual_label, run_outcome
+from flowrl.trace.load import stored_dict
+from flowrl.trace.outcomes import make_outcome, parse_reward
+from flowrl.trace.redact import Redactor
 
 traces_app = typer.Typer(help="List, show, label and annotate stored traces.", no_args_is_help=True)
-_OUTCOME = {"succeeded": "yes", "failed": "no", "partial": "partly", "unknown": ""}  # flowrl.facts.run_outcome
+_OUTCOME = {"succeeded": "yes", "failed": "no", "partial": "partly", "unknown": ""}  # flowrl.trace.facts.run_outcome
 
 
 def _date(value: str | None, name: str) -> date | None:
@@ -142,7 +143,7 @@ def ls(
 def show(trace_id: str, store: Path | None = StoreOption) -> None:
     """Print one trace as JSON, with the host's outcomes (`outcomes`) when it has any."""
     trace = open_store(store).get(trace_id)
-    data = trace.to_dict()
+    data = stored_dict(trace)
     if trace.outcomes:
         data["outcomes"] = [o.model_dump(mode="json", exclude_none=True) for o in trace.outcomes]
     typer.echo(dumps(data).decode())

@@ -6,7 +6,6 @@ See docs/datasets.md for each method's row format.
 
 from __future__ import annotations
 
-from flowrl.conversation import Conversation, normalize_query, trace_conversation
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, effective_label
 from flowrl.data.dpo import DPODatasetBuilder
 from flowrl.data.grouping import Grouper
@@ -15,6 +14,7 @@ from flowrl.data.kto import KTODatasetBuilder, kto_weights
 from flowrl.data.pipeline import METADATA_FILE, BuildResult, DatasetError, DatasetPipeline
 from flowrl.data.sft import SFTDatasetBuilder
 from flowrl.data.split import split_for
+from flowrl.trace.conversation import Conversation, normalize_query, trace_conversation
 
 __all__ = [
     "METADATA_FILE",

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any, ClassVar
 
-from flowrl.conversation import ArgumentsAs, Conversation
 from flowrl.errors import ConfigError
-from flowrl.facts import is_manual_label, label_at
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceFilter
+from flowrl.store.files import TraceFilter
+from flowrl.trace.conversation import ArgumentsAs, Conversation
+from flowrl.trace.facts import is_manual_label, label_at
+from flowrl.trace.schema import ExecutionTrace
 
 HIST_BINS = 10
 
@@ -41,7 +41,7 @@ class DatasetFilter(TraceFilter):
 
 
 def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tuple[bool | None, str]:
-    """(label, where it came from): the one label rule, `flowrl.facts.label_at`. A manual label always wins;
+    """(label, where it came from): the one label rule, `flowrl.trace.facts.label_at`. A manual label always wins;
     then the reward score at `threshold` when one is given; then the engine's stored label; then the reward
     score at the engine's default threshold (0.6); a run whose correctness reward is 0 is never good."""
     return label_at(trace, threshold)
@@ -184,20 +184,6 @@ class DatasetBuilder:
     # -- helpers for subclasses -----------------------------------------------------------------
     def fits(self, chars: int) -> bool:
         return self.max_chars is None or chars <= self.max_chars
-
-    # -- entry points ---------------------------------------------------------------------------
-    def build(self, store: Any, out: Any, **kwargs: Any) -> Any:
-        """Build this dataset from a `TraceStore` (or a list of traces) into `out`. See `DatasetPipeline`."""
-        from flowrl.data.pipeline import DatasetPipeline
-
-        pipeline_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in DatasetPipeline.OPTIONS}
-        return DatasetPipeline(self, **pipeline_kwargs).build(store, out, **kwargs)
-
-    def to_dataset_dict(self, traces: Any, **kwargs: Any) -> Any:
-        """The dataset as an in-memory `datasets.DatasetDict`, from traces or a store."""
-        from flowrl.data.pipeline import DatasetPipeline
-
-        return DatasetPipeline(self, **kwargs).to_dataset_dict(traces)
 
 
 def reward_order(info: TraceInfo) -> tuple[float, str]:

@@ -1,4 +1,4 @@
-"""The columnar build: dataset rows from a segment store's derived columns (`flowrl.segments.derived`), a
+"""The columnar build: dataset rows from a segment store's derived columns (`flowrl.store.segments.derived`), a
 segment's rows at a time, without parsing a trace's JSON or building an `ExecutionTrace`.
 
 `DatasetPipeline.build` takes this path for a `SegmentStore` and a streaming builder (KTO) whose tool-call
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from flowrl.segments.plain import COLUMNS, FIELDS, float_rewards, is_plain
+from flowrl.store.segments.plain import COLUMNS, FIELDS, float_rewards, is_plain
 
 if TYPE_CHECKING:
-    from flowrl.segments.columns import ColumnRows
+    from flowrl.store.segments.columns import ColumnRows
 
 # the scalar columns a build reads of each trace; the rows are made from conv_messages, conv_chars, conv_tools
 SCALARS = [
@@ -78,7 +78,8 @@ class RowView:
     label_source: str | None
     manual_review: bool
     reward_score: float | None
-    rewards: Mapping[str, Any] | str  # JSON text as stored, or a patch's (`flowrl.segments.plain.PatchRewards`)
+    # JSON text as stored, or a patch's (`flowrl.store.segments.sideview.PatchRewards`)
+    rewards: Mapping[str, Any] | str
     group_key: str | None
     query_key: str
     outcomes: tuple[()] = ()
@@ -98,7 +99,7 @@ PATCHED_COLUMNS = COLUMNS
 class Decided:
     """Consecutive rows of a segment that need nothing but their columns: a derived chat, no LLM calls, no side
     record but label and reward patches (merged into the columns, and matched against the filters). The listing's
-    column pushdown (`flowrl.segments.pushdown`) let only rows through that the filters match, so the pipeline
+    column pushdown (`flowrl.store.segments.pushdown`) let only rows through that the filters match, so the pipeline
     decides them without a `RowView` or a `SegmentRow` each (`DatasetPipeline._decide`)."""
 
     batch: ColumnRows

@@ -1,6 +1,6 @@
 """The conversation keys a build has already taken a trace of (`DatasetFilter.dedupe`): one trace per user turn.
 
-A key is a 16-byte digest (`flowrl.conversation.conversation_key`). A Python set of them costs about 90 bytes a
+A key is a 16-byte digest (`flowrl.trace.conversation.conversation_key`). A Python set of them costs about 90 bytes a
 key, 90 MB at a million traces; `SeenKeys` keeps the newest keys in a set and the rest in sorted numpy runs of
 16 bytes a key, merged as they grow (a log-structured set), and answers a segment's keys at once (`first`).
 """

@@ -20,10 +20,10 @@ from typing import Any, ClassVar
 
 import orjson
 
-from flowrl.conversation import message_chars, normalize_query
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
+from flowrl.trace.conversation import message_chars, normalize_query
 
 
 def _comparable(m: dict[str, Any]) -> Any:

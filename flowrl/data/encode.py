@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrl.conversation import find_prompt_end
 from flowrl.data.tokens import (
     CAPTURED,
     CallTokens,
@@ -35,6 +34,7 @@ from flowrl.data.tokens import (
     same_tokenizer,
 )
 from flowrl.rewards.base import completion_text
+from flowrl.trace.conversation import find_prompt_end
 
 OTHER_TOKENIZER = "captured ids of another tokenizer: rendered with the chat template"
 NOT_MERGED = "captured calls do not merge into one sequence: rendered with the chat template"

@@ -1,9 +1,9 @@
 """Which traces are "the same task": the groups GRPO, DPO and the train/validation split work on.
 
 Three ways, chosen with `group_by`:
-- `query` (default): the same user turn after `flowrl.facts.query_key` (case, runs of spaces and trailing
+- `query` (default): the same user turn after `flowrl.trace.facts.query_key` (case, runs of spaces and trailing
   `.?!` ignored), whatever `group_key` the host set;
-- `group_key`: the task key of `flowrl.facts.task_key`, the one the judge and `flowrl score` group by: the
+- `group_key`: the task key of `flowrl.trace.facts.task_key`, the one the judge and `flowrl score` group by: the
   `group_key` the host set on the trace, else the user turn as in `query`;
 - `embedding`: user turns whose sentence embeddings have cosine similarity >= `similarity` join one
   group (greedy: each query joins the first earlier group leader it is close enough to, in sorted
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowrl.errors import ConfigError, MissingExtraError
-from flowrl.facts import query_key
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import query_key
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from flowrl.conversation import Conversation, fit_trajectory, message_chars
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
-from flowrl.facts import GUESSED_REFERENCE, reference
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.conversation import Conversation, fit_trajectory, message_chars
+from flowrl.trace.facts import GUESSED_REFERENCE, reference
+from flowrl.trace.schema import ExecutionTrace
 
 # Where a host puts a task's test code on a trace (first match wins); its reference answer is
-# `flowrl.facts.reference` (keys `flowrl.facts.REFERENCE_KEYS`).
+# `flowrl.trace.facts.reference` (keys `flowrl.trace.facts.REFERENCE_KEYS`).
 TEST_CODE_KEYS = ("test_code", "tests", "test")
 EQUAL_REWARDS = 1e-9
 
@@ -47,7 +47,7 @@ def _first(metadata: dict[str, Any], keys: tuple[str, ...]) -> str | None:
 
 
 def task_columns(trace: ExecutionTrace, conv: Conversation, label: bool | None) -> dict[str, Any]:
-    """Reference answer (`flowrl.facts.reference`, else the final answer of a run labelled good, marked
+    """Reference answer (`flowrl.trace.facts.reference`, else the final answer of a run labelled good, marked
     `reference_source = "best_trace"`: a guess no reward or eval takes for a reference) and test code."""
     ref = reference(trace)
     answer, source = ref.answer, ref.source

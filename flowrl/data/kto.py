@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from flowrl.conversation import Conversation
 from flowrl.data.base import BuildStats, DatasetBuilder, RowContext, effective_label
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.conversation import Conversation
+from flowrl.trace.schema import ExecutionTrace
 
 # The target of (wD * nD) / (wU * nU): the geometric middle of the paper's [1, 4/3], so rounding to the
 # trainer's two decimals never pushes it out of range.

@@ -26,8 +26,6 @@ from typing import Any, cast
 
 import orjson
 
-from flowrl import __version__
-from flowrl.conversation import Conversation, trace_conversation
 from flowrl.data import columnar
 from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
 from flowrl.data.card import render_card
@@ -40,10 +38,12 @@ from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
 from flowrl.data.workers import HEAVY, SegmentTask, Workers
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
-from flowrl.facts import label_of
-from flowrl.schema import ExecutionTrace
-from flowrl.store import ReadProblem, TraceStore
-from flowrl.store_outcomes import ids_with_outcomes
+from flowrl.store.files import ReadProblem, TraceStore
+from flowrl.store.outcomes import ids_with_outcomes
+from flowrl.trace.conversation import Conversation, trace_conversation
+from flowrl.trace.facts import label_of
+from flowrl.trace.schema import ExecutionTrace
+from flowrl.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -174,18 +174,6 @@ class _Source:
 
 class DatasetPipeline:
     """Runs one builder over a store with filters, grouping, deduplication and the train/validation split."""
-
-    OPTIONS = (
-        "filters",
-        "group_by",
-        "similarity",
-        "embedding_model",
-        "embedder",
-        "val_fraction",
-        "seed",
-        "budget",
-        "workers",
-    )
 
     def __init__(
         self,

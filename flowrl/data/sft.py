@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
-from flowrl.conversation import fit_trajectory, message_chars
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
+from flowrl.trace.conversation import fit_trajectory, message_chars
 
 
 @dataclass(kw_only=True)

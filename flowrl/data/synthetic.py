@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.load import stored_dict
+from flowrl.trace.schema import ExecutionTrace
 
 SYSTEM = "You are a careful coding agent. Use exec_code to compute, then answer."
 TOOLS = [
@@ -104,5 +105,5 @@ def write_synthetic_store(root: str | Path, n: int, **kwargs: Any) -> Path:
         if day not in made:
             day.mkdir(parents=True, exist_ok=True)
             made.add(day)
-        (day / f"{trace.trace_id}.json").write_bytes(orjson.dumps(trace.to_dict()))
+        (day / f"{trace.trace_id}.json").write_bytes(orjson.dumps(stored_dict(trace)))
     return root

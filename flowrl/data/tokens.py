@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from flowrl.errors import ConfigError
-from flowrl.schema import ExecutionTrace, LLMCall
+from flowrl.trace.schema import ExecutionTrace, LLMCall
 
 log = logging.getLogger(__name__)
 

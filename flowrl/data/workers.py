@@ -150,8 +150,8 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
         _fixed_mmap_threshold()
         from flowrl.data.columnar_kto import materialize
         from flowrl.data.spools import SpoolSet, finish_part
-        from flowrl.segments.format import Segment
-        from flowrl.segments.fs import Root
+        from flowrl.store.segments.format import Segment
+        from flowrl.store.segments.fs import Root
 
         root = Root(root_url)
         spools = SpoolSet(Path(folder), schema)

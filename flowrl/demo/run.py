@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 log = logging.getLogger(__name__)
 

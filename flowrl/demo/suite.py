@@ -45,8 +45,8 @@ from typing import Any
 from flowrl.demo.agent import CAPITALS, COUNTS, ELEMENTS
 from flowrl.demo.tasks import Task
 from flowrl.errors import FlowRLError
-from flowrl.facts import query_key
 from flowrl.rewards.reference import answer_matches
+from flowrl.trace.facts import query_key
 
 __all__ = ["KINDS", "SuiteError", "SuiteTask", "canonical", "check_disjoint", "grade", "group_of", "split", "suite"]
 

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flowrl.facts import query_key
 from flowrl.rewards.reference import answer_matches
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.facts import query_key
 
 __all__ = ["BY_QUERY", "TASKS", "Task", "annotate", "answer_matches"]
 
@@ -44,7 +44,7 @@ def annotate(store: TraceStore, tasks: Iterable[Task] | None = None, **filters: 
     reference_answer reward reads), group them by task, and clear old scores so they are scored again.
     `tasks`: the tasks to know (default: the hand-written `TASKS`; `annotate(store, suite())` for the generated
     suite of flowrl/demo/suite.py); a trace is a task's when its user turn is the task's query, as a task key
-    (`flowrl.facts.query_key`: case and trailing '?' ignored). Traces already annotated are left alone.
+    (`flowrl.trace.facts.query_key`: case and trailing '?' ignored). Traces already annotated are left alone.
     Returns how many were updated."""
     by_key = {query_key(t.query): t for t in (TASKS if tasks is None else tasks)}
     n = 0

@@ -105,7 +105,7 @@ def run_arms(
         hook = None
         if store_root is not None:
             from flowrl.capture import hook_into_agent
-            from flowrl.store import TraceStore
+            from flowrl.store.files import TraceStore
 
             hook = hook_into_agent(agent, store=TraceStore(Path(store_root) / name), **(hook_options or {}))
         try:

@@ -2,7 +2,7 @@
 
 Prompts come from the validation split of a flowrl dataset folder (the train split, with a warning, when
 there is none) or from a JSONL file of `{"prompt": str | [messages], "reference_answer"?: ..., ...}` rows.
-A row's reference answer is `flowrl.facts.reference_in` (the keys and order every reader uses); an answer a
+A row's reference answer is `flowrl.trace.facts.reference_in` (the keys and order every reader uses); an answer a
 dataset took from a logged run (a GRPO `reference_source = "best_trace"`, DPO `chosen`, a KTO completion, an
 SFT reply) is a guess, never a reference.
 Each answer becomes an `ExecutionTrace` (the prompt's user turn as `user_query`, the answer as
@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl import __version__
 from flowrl.errors import ConfigError, require
-from flowrl.facts import REFERENCE_KEYS, reference_in
 from flowrl.models import ResolvedModel, load_for_inference, resolve_model
 from flowrl.rewards.base import prompt_text
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import REFERENCE_KEYS, reference_in
+from flowrl.trace.schema import ExecutionTrace
 from flowrl.train.data_io import load_dataset_dir
+from flowrl.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -171,7 +171,7 @@ def verify(data: dict[str, Any], *, seed: int = SEED) -> list[str]:
 
 def write_eval_json(path: Path | str, data: dict[str, Any]) -> None:
     """Write `data` (shape-checked) to `path` atomically: a reader sees the old file or the new one."""
-    from flowrl.store import atomic_write_bytes
+    from flowrl.store.files import atomic_write_bytes
 
     path = Path(path)
     problem = shape_error(data)

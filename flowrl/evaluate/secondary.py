@@ -32,7 +32,7 @@ def reward_means(
     """Score every arm's store (what is not scored yet) and average each reward per arm over the shared tasks."""
     from flowrl.rewards.engine import RewardEngine
     from flowrl.rewards.scoring import score_store
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     wanted = set(task_ids)
     per_arm: dict[str, dict[str, dict[str, float | None]]] = {}
@@ -77,7 +77,7 @@ def reward_means(
 
 
 def write_rewards_json(path: Path, data: dict[str, Any]) -> None:
-    from flowrl.store import atomic_write_bytes
+    from flowrl.store.files import atomic_write_bytes
 
     atomic_write_bytes(Path(path), json.dumps(data, indent=2).encode("utf-8"))
 

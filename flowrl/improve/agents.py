@@ -46,7 +46,7 @@ class InProcess:
         self, policy: Policy, *, store: Path, metadata: dict[str, Any], hook_options: dict[str, Any], concurrency: int
     ) -> Iterator[Opened]:
         from flowrl.capture import hook_into_agent
-        from flowrl.store import TraceStore
+        from flowrl.store.files import TraceStore
 
         agent, options = driven(self.factory(policy), hook_options)
         hook = hook_into_agent(agent, store=TraceStore(store), metadata=metadata, **options)

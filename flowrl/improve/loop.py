@@ -107,7 +107,7 @@ class RoundResult:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from flowrl.store import atomic_write_bytes
+    from flowrl.store.files import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"))
@@ -195,7 +195,7 @@ class Improve:
 
     # -- 1. collect ----------------------------------------------------------------------------------
     def store(self) -> Any:
-        from flowrl.store import TraceStore
+        from flowrl.store.files import TraceStore
 
         return TraceStore(self.out / "traces")
 

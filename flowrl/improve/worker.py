@@ -46,7 +46,7 @@ def _build(config: dict[str, Any]) -> tuple[Any, Any]:
     from flowrl.engines.policy import Policy
     from flowrl.improve.agents import driven
     from flowrl.improve.user import load_object
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     spec = dict(config["policy"])
     spec["adapter"] = Path(spec["adapter"]) if spec.get("adapter") else None

@@ -12,8 +12,8 @@ from flowrl.ingest.discover import Source
 from flowrl.ingest.engine import LIVE_IDLE_S, Ingestor
 from flowrl.ingest.summary import IngestSummary
 from flowrl.ingest.upgrade import StoreUpgrader
-from flowrl.redact import Redactor
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.redact import Redactor
+from flowrl.trace.schema import ExecutionTrace
 
 
 class _Writer:
@@ -58,7 +58,7 @@ def ingest_paths(
     (`summary.upgraded`, see `flowrl.ingest.upgrade`). Raises IngestError for a path that does not exist
     and StoreError when the store cannot be written; every other problem is recorded in the summary and
     the rest is ingested."""
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     store = store if store is not None else TraceStore.default()
     writer = _Writer(store, batch_size)
@@ -81,7 +81,7 @@ class CheckpointLoader:
 
         traces = CheckpointLoader("~/.data/main-vm/Agents").load()
 
-    Every trace is masked (`flowrl.redact.Redactor`) and de-duplicated within the call; `summary` tells
+    Every trace is masked (`flowrl.trace.redact.Redactor`) and de-duplicated within the call; `summary` tells
     what was read, skipped and rejected. `iter_traces()` streams instead of building a list."""
 
     def __init__(self, *paths: Path | str, redactor: Redactor | None = None, live_idle_s: float = LIVE_IDLE_S) -> None:

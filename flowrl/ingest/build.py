@@ -8,14 +8,15 @@ Field sources:
 | `final_response` | the checkpoint's final assistant message, else the segment's `final_answer` argument, else \
 the obs `final_answer_summary` |
 | `messages` | the run transcript up to the end of the segment (OpenAI format, \
-`flowrl.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
+`flowrl.trace.transcript.canonical_messages`); without an obs/live file, `[user, assistant]` |
 | `tool_calls` | transcript calls paired with obs records: full arguments and results from the transcript, \
-duration, time and status from the record; `success` is honest (`flowrl.facts.tool_failed`, obs `status == "error"`) |
+duration, time and status from the record; `success` is honest (`flowrl.trace.facts.tool_failed`, obs \
+`status == "error"`) |
 | `reasoning_steps` | `think` calls (`THOUGHT: ...` / `ASSESSMENT: ...`), as toolboxv2's rl module writes them |
-| `success` | what the run said about itself (`flowrl.facts.reported_success`, as capture decides it): false \
+| `success` | what the run said about itself (`flowrl.trace.facts.reported_success`, as capture decides it): false \
 for an error answer (`Error: ...`), else `final_answer(success=...)` (obs `success` for the last segment); null \
 without either |
-| `facts` | `flowrl.facts.trace_facts`, once the trace is redacted (`flowrl.ingest.engine`) |
+| `facts` | `flowrl.trace.facts.trace_facts`, once the trace is redacted (`flowrl.ingest.engine`) |
 | tokens, `llm_calls`, duration | the segment's obs steps (only the last LLM call of each step is recorded); \
 null without obs |
 | `timestamp` | the segment's first step, else the obs run start; from chat_history alone, the V1 message's \
@@ -30,13 +31,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-from flowrl.facts import reported_success, tool_failed
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint
 from flowrl.ingest.obs import RunView
 from flowrl.ingest.times import epoch_time, valid_time
 from flowrl.ingest.transcript import FINAL_ANSWER, THINK, Segment
-from flowrl.schema import ExecutionTrace, LLMCall, ReasoningStep, Source, ToolCallTrace
-from flowrl.transcript import canonical_messages, parse_arguments
+from flowrl.trace.facts import reported_success, tool_failed
+from flowrl.trace.schema import ExecutionTrace, LLMCall, ReasoningStep, Source, ToolCallTrace
+from flowrl.trace.transcript import canonical_messages, parse_arguments
 
 _ERROR_CHARS = 500
 
@@ -212,7 +213,7 @@ def from_segment(
 
 def from_chat(turn: ChatTurn, checkpoint: Checkpoint, *, trace_id: str) -> ExecutionTrace:
     """A turn known only from chat_history: text in, text out; no tools, tokens or success (an error answer
-    aside: `flowrl.facts.reported_success`)."""
+    aside: `flowrl.trace.facts.reported_success`)."""
     answer = turn.answer or ""
     meta: dict[str, Any] = {
         "checkpoint": checkpoint.path.name,

@@ -1,8 +1,8 @@
-"""FlowAgent checkpoint files: load (restricted), dispatch on the pickled class, split into user turns.
+"""FlowAgent checkpoints as flowrl reads them: `Checkpoint`, its `SessionHistory` objects, and `split_turns`.
 
-`load_checkpoint(path)` returns a `Checkpoint` whatever the version: V2 (`checkpoint_manager.AgentCheckpoint`,
-toolboxv2 >= 0.1.27) or V1 (`types.AgentCheckpoint`, the older agent). Each yields `SessionHistory`
-objects; `split_turns` turns a session's messages into `ChatTurn`s.
+`flowrl.ingest.checkpoint_read.load_checkpoint(path)` returns a `Checkpoint` whatever the version: V2
+(`checkpoint_manager.AgentCheckpoint`, toolboxv2 >= 0.1.27, `checkpoint_v2`) or V1 (`types.AgentCheckpoint`, the
+older agent, `checkpoint_v1`). `split_turns` turns a session's messages into `ChatTurn`s.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import IngestError
 from flowrl.ingest.times import file_time, name_time, time_text, valid_time
-from flowrl.ingest.unpickler import V1Checkpoint, V2Checkpoint, load_restricted, loads_restricted
-from flowrl.transcript import content_text
+from flowrl.trace.transcript import content_text
 
 log = logging.getLogger(__name__)
 
@@ -88,23 +86,6 @@ def checkpoint_time(path: Path, pickled: Any) -> tuple[str, str | None]:
         return contents, None
     note = f"{NO_TIME} (the file's modification time was used)" if pickled is not None else None
     return file_time(path) or "", note
-
-
-def load_checkpoint(path: Path, raw: bytes | None = None) -> Checkpoint:
-    """Unpickle one checkpoint file (restricted) and read it. Raises IngestError / UnsafePickleError."""
-    path = Path(path)
-    obj = load_restricted(path) if raw is None else loads_restricted(raw, origin=str(path))
-    if isinstance(obj, V2Checkpoint):
-        from flowrl.ingest.checkpoint_v2 import read_v2
-
-        return read_v2(path, obj)
-    if isinstance(obj, V1Checkpoint):
-        from flowrl.ingest.checkpoint_v1 import read_v1
-
-        return read_v1(path, obj)
-    raise IngestError(
-        f"{path}: not a FlowAgent checkpoint (the pickle holds a {type(obj).__name__}, not an AgentCheckpoint)"
-    )
 
 
 def _role(m: Any) -> str:

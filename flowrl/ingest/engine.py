@@ -33,9 +33,9 @@ from typing import Any
 import orjson
 
 from flowrl.errors import FlowRLError, IngestError, StoreError
-from flowrl.facts import trace_facts
 from flowrl.ingest.build import from_chat, from_segment, rejoined
-from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, load_checkpoint, split_turns
+from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, split_turns
+from flowrl.ingest.checkpoint_read import load_checkpoint
 from flowrl.ingest.discover import CHECKPOINT, LANGFUSE, LIVE, OBS, OPENAI_LOG, OTLP, TRACE, Source, iter_sources
 from flowrl.ingest.ids import interrupted_id, turn_id
 from flowrl.ingest.openai_logs import Parsed, read_openai_log
@@ -45,9 +45,10 @@ from flowrl.ingest.runs import RunIndex, match_segment, run_id_of, stat_sig
 from flowrl.ingest.summary import IngestSummary
 from flowrl.ingest.times import file_time, json_safe, printable, valid_time
 from flowrl.ingest.upgrade import transcript_rank
-from flowrl.redact import Redactor
-from flowrl.schema import ExecutionTrace
-from flowrl.schema import Source as TraceSource
+from flowrl.trace.facts import trace_facts
+from flowrl.trace.redact import Redactor
+from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.schema import Source as TraceSource
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 from flowrl.ingest import langfuse
 from flowrl.ingest.langfuse import json_value
 from flowrl.ingest.otlp_spans import Span
-from flowrl.schema import LLMCall
-from flowrl.transcript import arguments_json, content_text
+from flowrl.trace.schema import LLMCall
+from flowrl.trace.transcript import arguments_json, content_text
 
 # ---------------------------------------------------------------------------------------------
 # one LLM span -> messages

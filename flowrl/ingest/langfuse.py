@@ -23,7 +23,7 @@ events (`{"batch": [{"type": "score-create", "body": {"traceId", "observationId"
 of score objects). A score names its trace by the OTel trace id; flowrl's id of that run is
 `sha256("otlp-run/1", otel trace id, run span id)`, so `record_scores` finds the runs of an OTel trace in the
 store (`metadata.otlp.trace_id`) and records the scores there as host outcomes
-(`TraceStore.record_outcome(..., rewards={...}, source="langfuse")`, see `flowrl.outcomes`): the trace file is
+(`TraceStore.record_outcome(..., rewards={...}, source="langfuse")`, see `flowrl.trace.outcomes`): the trace file is
 never rewritten, and the outcome may come before or after the trace. Values: NUMERIC as they are, BOOLEAN 1/0;
 CATEGORICAL and TEXT scores are skipped (noted), and so is a number outside 0..1 (a host reward's scale), a score
 with no trace (session or dataset-run scores), and a score whose trace is not in the store. A score already
@@ -44,7 +44,7 @@ import orjson
 
 from flowrl.errors import IngestError
 from flowrl.ingest.unpickler import read_bytes
-from flowrl.outcomes import HostOutcome
+from flowrl.trace.outcomes import HostOutcome
 
 TYPE = "langfuse.observation.type"
 INPUT = "langfuse.observation.input"

@@ -31,11 +31,11 @@ from typing import Any
 import orjson
 
 from flowrl.errors import IngestError
-from flowrl.facts import tool_failed
 from flowrl.ingest.times import epoch_time, valid_time
 from flowrl.ingest.unpickler import read_bytes
-from flowrl.schema import ExecutionTrace, LLMCall, ToolCallTrace
-from flowrl.transcript import canonical_messages, content_text, parse_arguments, tool_call_parts
+from flowrl.trace.facts import tool_failed
+from flowrl.trace.schema import ExecutionTrace, LLMCall, ToolCallTrace
+from flowrl.trace.transcript import canonical_messages, content_text, parse_arguments, tool_call_parts
 
 SNIFF_BYTES = 65536
 

@@ -46,7 +46,7 @@ from flowrl.ingest.openai_logs import Parsed, chat_trace, chat_trace_id
 from flowrl.ingest.otlp_spans import Span, documents, spans_of
 from flowrl.ingest.times import epoch_time
 from flowrl.ingest.unpickler import read_bytes
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 # ---------------------------------------------------------------------------------------------
 # spans -> runs -> traces

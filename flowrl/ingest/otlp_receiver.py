@@ -45,7 +45,7 @@ from flowrl.ingest.openai_logs import Parsed
 from flowrl.ingest.otlp import traces_from_spans
 from flowrl.ingest.otlp_spans import Span, from_protobuf, spans_of
 from flowrl.localhost import check_host
-from flowrl.redact import Redactor
+from flowrl.trace.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Trace JSON files: toolboxv2's rl module (`{data_dir}/rl_traces/YYYY-MM-DD/{trace_id}.json`) or another flowrl store.
 
-Loaded with `flowrl.schema.load_trace`, which upgrades toolboxv2's files (schema version 0: they get
+Loaded with `flowrl.trace.schema.load_trace`, which upgrades toolboxv2's files (schema version 0: they get
 `source="import"` and honest tool success). The file's own `trace_id` is kept, so importing the same
 file twice adds nothing; a trace_id that cannot be a file name is replaced by a content id.
 """
@@ -14,8 +14,9 @@ import orjson
 from flowrl.errors import IngestError, SchemaError, StoreError
 from flowrl.ingest.ids import content_id
 from flowrl.ingest.unpickler import read_bytes
-from flowrl.schema import ExecutionTrace, load_trace
-from flowrl.store import _check_id
+from flowrl.store.files import _check_id
+from flowrl.trace.load import load_trace
+from flowrl.trace.schema import ExecutionTrace
 
 
 class NotATrace(IngestError):

@@ -13,10 +13,10 @@ records (docs/reference/flowagent-0.1.28.md §3.5). The working history is recov
    new place each time) are dropped: a system message is kept only when the previous main-loop input
    has it after the same message;
 5. duplicate tool results (FlowAgent appends a think result twice under one id) are dropped
-   (`flowrl.transcript.dedup_tool_results`);
+   (`flowrl.trace.transcript.dedup_tool_results`);
 6. tool calls made by the last steps, which no recorded input shows yet, are appended from the
    step's tool records (assistant `tool_calls` + `tool` results, ids `obs-<step>-<n>`; a record's
-   `args_summary` that parses is written back as JSON, `flowrl.transcript.arguments_json`).
+   `args_summary` that parses is written back as JSON, `flowrl.trace.transcript.arguments_json`).
 
 A live file's `ctx_snapshot.working_history` is the exact working history and is used as is (step 6
 still adds what happened after the snapshot).
@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrl.ingest.checkpoint import text_of
-from flowrl.transcript import (
+from flowrl.trace.transcript import (
     FINAL_ANSWER,
     arguments_json,
     dedup_tool_results,
     parse_arguments,
     tool_call_parts,
 )
-from flowrl.transcript import (
+from flowrl.trace.transcript import (
     transcript_calls as _transcript_calls,
 )
 
@@ -152,7 +152,7 @@ def step_records(steps: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]
 
 
 def transcript_calls(msgs: list[dict[str, Any]]) -> list[Call]:
-    """The transcript's tool calls (`flowrl.transcript.transcript_calls`), ready to pair with obs records."""
+    """The transcript's tool calls (`flowrl.trace.transcript.transcript_calls`), ready to pair with obs records."""
     return [
         Call(c.call_id or "", c.name, c.arguments if c.arguments is not None else "", c.message_index, c.result)
         for c in _transcript_calls(msgs)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import SchemaError, StoreError
-from flowrl.facts import is_manual_label, trace_facts
-from flowrl.schema import ExecutionTrace, trace_date
+from flowrl.trace.facts import is_manual_label, trace_facts
+from flowrl.trace.schema import ExecutionTrace, trace_date
 
 log = logging.getLogger(__name__)
 

@@ -55,9 +55,9 @@ from flowrl.ingest.summary import IngestSummary
 from flowrl.ingest.times import printable
 from flowrl.ingest.unpickler import read_bytes
 from flowrl.ingest.upgrade import StoreUpgrader
-from flowrl.redact import Redactor
-from flowrl.store import TraceStore, atomic_write_bytes, default_root
-from flowrl.store_index import STAGING
+from flowrl.store.files import TraceStore, atomic_write_bytes, default_root
+from flowrl.store.index import STAGING
+from flowrl.trace.redact import Redactor
 
 log = logging.getLogger(__name__)
 

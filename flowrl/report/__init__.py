@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.report.metrics import StoreMetrics, find_eval_files, find_runs, group_eval_files, store_metrics
-from flowrl.store import TraceStore, atomic_write_bytes
+from flowrl.store.files import TraceStore, atomic_write_bytes
 
 __all__ = ["ReportResult", "make_report", "store_metrics", "StoreMetrics"]
 

@@ -10,8 +10,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from flowrl import __version__
 from flowrl.report.metrics import EvalFile, EvalGroup, StoreMetrics, TrainingRun
+from flowrl.version import __version__
 
 _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1f2933}

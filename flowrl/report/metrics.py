@@ -5,7 +5,7 @@ Training runs are read from `metrics.jsonl` (one JSON object per logging step wi
 JSON files (`eval.json`, the per-task outcomes with rates, intervals and paired tests of
 `flowrl.evaluate.results`; `flowrl improve` writes one per round as `round-<r>/eval.json`).
 
-What a trace means comes from `flowrl.facts`, as the rewards and datasets read it: tool failures (the
+What a trace means comes from `flowrl.trace.facts`, as the rewards and datasets read it: tool failures (the
 stored per-tool tallies), the run's outcome, and the label a dataset would use (`label_at`).
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import FlowRLError
-from flowrl.facts import label_at, run_outcome, tally_tools
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.facts import label_at, run_outcome, tally_tools
 
 log = logging.getLogger(__name__)
 

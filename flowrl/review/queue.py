@@ -20,10 +20,10 @@ from urllib.parse import urlencode
 
 from flowrl.data.grouping import GroupBy, Grouper
 from flowrl.errors import ConfigError
-from flowrl.facts import DEFAULT_THRESHOLD, is_manual_label, label_at
 from flowrl.review.suggest import Suggester, Suggestion
-from flowrl.schema import SOURCES, ExecutionTrace
-from flowrl.store import TraceFilter
+from flowrl.store.files import TraceFilter
+from flowrl.trace.facts import DEFAULT_THRESHOLD, is_manual_label, label_at
+from flowrl.trace.schema import SOURCES, ExecutionTrace
 
 LABELS = ("any", "unlabelled", "manual", "good", "bad")
 SORTS = ("unlabelled", "disagreements", "oldest", "newest")

@@ -17,8 +17,8 @@ from flowrl.errors import FlowRLError, StoreError
 from flowrl.review.queue import LABELS, SORTS, QueueFilter, Reviewer
 from flowrl.review.suggest import Agreement
 from flowrl.review.view import trace_view
-from flowrl.schema import SOURCES
-from flowrl.store import TRACE_ID
+from flowrl.store.files import TRACE_ID
+from flowrl.trace.schema import SOURCES
 
 MAX_NOTES = 4000
 

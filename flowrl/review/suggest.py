@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flowrl.facts import is_manual_label
 from flowrl.rewards.learned import FitReport, LearnedReward
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import is_manual_label
+from flowrl.trace.schema import ExecutionTrace
 
 WINDOW = 50  # labels the agreement figures look back over
 

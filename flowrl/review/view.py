@@ -2,7 +2,7 @@
 
 Everything here is plain text; the templates escape it (Jinja2 autoescape) and show it in `<pre>` blocks, so
 HTML, scripts, `javascript:` links and markdown images in a trace stay text. The transcript is read through
-`flowrl.transcript.normalize_message` (the one reader of the chat format); a trace without one gets the
+`flowrl.trace.transcript.normalize_message` (the one reader of the chat format); a trace without one gets the
 synthesized conversation the dataset builders would use.
 """
 
@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrl.conversation import synthesize_messages
-from flowrl.facts import answer_text, label_at, reference
-from flowrl.schema import ExecutionTrace
-from flowrl.transcript import normalize_message
+from flowrl.trace.conversation import synthesize_messages
+from flowrl.trace.facts import answer_text, label_at, reference
+from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.transcript import normalize_message
 
 LONG_CHARS, LONG_LINES = 600, 12  # text longer than this is folded (`<details>`) with a preview
 PREVIEW_CHARS = 160

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrl.errors import FlowRLError
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

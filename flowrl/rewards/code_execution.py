@@ -24,7 +24,7 @@ from typing import Any
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.sandbox import LANGUAGES, ExecResult, Job, Sandbox
 from flowrl.rewards.views import message_tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

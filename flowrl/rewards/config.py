@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
-from flowrl.facts import CORRECTNESS as CORRECTNESS  # re-exported: engine.py and tests read it here
-from flowrl.facts import DEFAULT_THRESHOLD
+from flowrl.trace.facts import CORRECTNESS as CORRECTNESS  # re-exported: engine.py and tests read it here
+from flowrl.trace.facts import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ REGISTRY: dict[str, RegisteredReward] = {
 BUILTIN_REWARDS: tuple[str, ...] = tuple(REGISTRY)
 DEFAULT_WEIGHTS: dict[str, float] = {name: entry.weight for name, entry in REGISTRY.items() if entry.enabled}
 # CORRECTNESS (the rewards that say whether the run got the task right, the one that decides first) and
-# DEFAULT_THRESHOLD (the label's) belong to the label rule in flowrl.facts.
+# DEFAULT_THRESHOLD (the label's) belong to the label rule in flowrl.trace.facts.
 # toolboxv2's rl-module weights, where style can outvote correctness: to reproduce its scores
 # (`RewardEngine(weights=TOOLBOXV2_WEIGHTS)`, or the same numbers in a config file; see docs/rewards.md).
 TOOLBOXV2_WEIGHTS: dict[str, float] = {**DEFAULT_WEIGHTS, "task_completion": 1.5, "reference_answer": 2.0}

@@ -20,7 +20,7 @@ from typing import Any
 
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import assistant_texts, assistant_turns, tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 CHARS_PER_TOKEN = 4
 

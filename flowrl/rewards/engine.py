@@ -16,7 +16,7 @@ Correctness dominates. The correctness reward is `reference_answer` when the tas
     code_execution 2, syntax 1, tool_success 2, efficiency 0.5, format 1   = 6.5 (8.5 with learned, judge at 1)
     task_completion 10                                                     > 8.5
     reference_answer 20                                                    > 10 + 8.5
-    host_outcome 40 (what the host said: flowrl.outcomes)                  > 20 + 10 + 8.5
+    host_outcome 40 (what the host said: flowrl.trace.outcomes)                  > 20 + 10 + 8.5
 
 So the correctness reward carries more than half of any weighted mean it is part of, and, on one task, a wrong
 run (correctness 0) always scores below 0.5 and below a right run (correctness 1), whatever the style rewards
@@ -56,7 +56,7 @@ from flowrl.rewards.config import (
     registry,
     reward_class,
 )
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,8 @@ class RewardEngine:
     ) -> bool | None:
         """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default) and, when the
         per-reward results are known, no gate reward (task_completion, reference_answer) is 0: the one label
-        rule, `flowrl.facts.label_for`."""
-        from flowrl.facts import label_for
+        rule, `flowrl.trace.facts.label_for`."""
+        from flowrl.trace.facts import label_for
 
         if item is None or isinstance(item, (int, float)):
             score, results = item, None

@@ -34,7 +34,7 @@ from typing import Any
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.syntax import check_json_object
 from flowrl.rewards.views import answer_text, message_tool_calls, strip_code, tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 LEAK_TAGS = ("think", "thinking", "reasoning", "reflection", "scratchpad", "analysis")
 _SPECIAL_TOKEN = re.compile(r"<\|[a-z_]{2,40}\|>|\[/?INST\]|<<SYS>>|</?s>")

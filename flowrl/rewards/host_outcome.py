@@ -1,18 +1,18 @@
-"""HostOutcomeReward: what the host said about the run (`flowrl.outcomes`).
+"""HostOutcomeReward: what the host said about the run (`flowrl.trace.outcomes`).
 
 The host's last `success` (1.0 or 0.0) when it gave one; else the mean of its named rewards (each 0..1, the last
 value of each name); else None (the host said nothing about how the run went: a reference alone is scored by
 `reference_answer`). Its default weight, 40, is more than every other default reward together (38.5), and it is
-a correctness reward (`flowrl.facts.CORRECTNESS`): a run the host called a failure is never labelled good.
+a correctness reward (`flowrl.trace.facts.CORRECTNESS`): a run the host called a failure is never labelled good.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flowrl.facts import host_verdict
 from flowrl.rewards.base import Reward, RewardResult
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import host_verdict
+from flowrl.trace.schema import ExecutionTrace
 
 __all__ = ["HostOutcomeReward"]
 

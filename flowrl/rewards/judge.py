@@ -1,7 +1,7 @@
 """LLMJudgeReward: an LLM scores traces against a rubric, through any OpenAI-compatible endpoint.
 
 Relative mode (the default) follows OpenPipe ART's RULER: all traces for the same task (same
-`flowrl.facts.task_key`: `group_key`, else the user turn as a task) go to the judge in ONE call. The messages
+`flowrl.trace.facts.task_key`: `group_key`, else the user turn as a task) go to the judge in ONE call. The messages
 they share from the start are sent once in `<context>`, the offered tools in `<available_tools>`, and each
 trace's remainder in its own `<trajectory id="N">`; the judge answers one 0-1 score per trajectory. Identical
 traces are sent once and share the score. Absolute mode scores each trace on its own.
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
-from flowrl.facts import task_key
 from flowrl.rewards.base import Reward, RewardResult, note_crash
 from flowrl.rewards.judge_client import JudgeClient, JudgeRequestError
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import task_key
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

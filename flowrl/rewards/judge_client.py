@@ -144,7 +144,7 @@ class JudgeClient:
         with self._lock:
             self._memory[key] = value
         if self.cache_dir is not None:
-            from flowrl.store import atomic_write_bytes
+            from flowrl.store.files import atomic_write_bytes
 
             try:
                 atomic_write_bytes(self.cache_dir / key[:2] / f"{key}.json", json.dumps(value).encode())

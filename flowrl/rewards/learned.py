@@ -29,7 +29,7 @@ from typing import Any
 from flowrl.errors import ConfigError, require
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import answer_text, assistant_turns, is_manual_label, tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class LearnedReward(Reward):
     def save(self, path: str | Path) -> Path:
         if self.state is None:
             raise ConfigError("the learned reward has no model to save: fit it on manual labels first")
-        from flowrl.store import atomic_write_bytes
+        from flowrl.store.files import atomic_write_bytes
 
         path = Path(path).expanduser()
         atomic_write_bytes(path, json.dumps(self.state, indent=2).encode())

@@ -36,7 +36,6 @@ from typing import Any
 import orjson
 
 from flowrl.errors import ConfigError, MissingExtraError, SchemaError
-from flowrl.outcomes import HostOutcome
 from flowrl.rewards.base import Reward
 from flowrl.rewards.config import EngineConfig
 from flowrl.rewards.engine import Results, RewardEngine
@@ -51,8 +50,10 @@ from flowrl.rewards.scoring import (
     write_back,
 )
 from flowrl.rewards.views import group_key
-from flowrl.schema import ExecutionTrace, load_trace
-from flowrl.store import TraceStore, dumps
+from flowrl.store.files import TraceStore, dumps
+from flowrl.trace.load import load_trace
+from flowrl.trace.outcomes import HostOutcome
+from flowrl.trace.schema import ExecutionTrace
 
 LOCAL = "local"  # `--ray` without an address: a Ray of our own on 127.0.0.1
 # what makes every socket of a local Ray listen on 127.0.0.1 only, and keeps it from reporting usage

@@ -1,6 +1,6 @@
 """ReferenceAnswerReward: is the agent's answer the task's known answer?
 
-The reference is `flowrl.facts.reference`: the first of `flowrl.facts.REFERENCE_KEYS` (`reference_answer`,
+The reference is `flowrl.trace.facts.reference`: the first of `flowrl.trace.facts.REFERENCE_KEYS` (`reference_answer`,
 `expected_answer`, `reference`, `expected`, `answer`) set in the trace's metadata, else, for a fresh GRPO
 completion, in the dataset's columns. A reference the dataset builder took from another run's answer
 (`reference_source == "best_trace"`) is only a guess, so it is not used. No reference: None.
@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import re
 
-from flowrl.facts import REFERENCE_KEYS, reference
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import answer_text
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import REFERENCE_KEYS, reference
+from flowrl.trace.schema import ExecutionTrace
 
 __all__ = ["REFERENCE_KEYS", "ReferenceAnswerReward", "answer_matches", "reference_of"]
 
 
 def reference_of(trace: ExecutionTrace) -> str | None:
-    """The trace's reference answer (`flowrl.facts.reference`), None when it has none."""
+    """The trace's reference answer (`flowrl.trace.facts.reference`), None when it has none."""
     return reference(trace).answer
 
 

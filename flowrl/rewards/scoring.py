@@ -32,8 +32,8 @@ from typing import Any, Generic, TypeVar
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.rewards.engine import Results, RewardEngine
 from flowrl.rewards.views import group_key, is_manual_label
-from flowrl.schema import ExecutionTrace
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import code_blocks, message_tool_calls, tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 PYTHON_TAGS = frozenset({"python", "py", "python3", "ipython", "pycon"})
 SHELL_TAGS = frozenset({"bash", "sh", "shell", "zsh", "console-bash"})

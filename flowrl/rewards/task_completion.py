@@ -1,6 +1,6 @@
 """TaskCompletionReward: did the run finish the task?
 
-The run's outcome (`flowrl.facts.run_outcome`, stored on the trace by capture and ingest), first match wins:
+The run's outcome (`flowrl.trace.facts.run_outcome`, stored on the trace by capture and ingest), first match wins:
 1. an error answer (`Error:`, `Error executing`, `System-Error`, after any leading `<think>` block; FlowAgent's
    `a_run` never raises, it returns that text) -> 0;
 2. run `status` `max_iterations`, `cancelled`, `failed` or `error` -> 0; `running` / `paused` -> None (not finished);
@@ -16,9 +16,9 @@ reward only: the outcome is then decided again with them.
 
 from __future__ import annotations
 
-from flowrl.facts import ERROR_PREFIXES, FAILED_STATUSES, UNFINISHED_STATUSES, compute_outcome, run_outcome
 from flowrl.rewards.base import Reward, RewardResult
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.facts import ERROR_PREFIXES, FAILED_STATUSES, UNFINISHED_STATUSES, compute_outcome, run_outcome
+from flowrl.trace.schema import ExecutionTrace
 
 __all__ = ["ERROR_PREFIXES", "FAILED_STATUSES", "UNFINISHED_STATUSES", "TaskCompletionReward"]
 

@@ -1,7 +1,7 @@
 """ToolSuccessReward: the share of tool calls that truly succeeded.
 
-Reads the trace's tool calls (`flowrl.facts.tool_calls`: `tool_calls` plus the transcript's calls no entry
-records). Whether a call failed is `flowrl.facts.tool_failed`, the rule capture, ingest and the report use:
+Reads the trace's tool calls (`flowrl.trace.facts.tool_calls`: `tool_calls` plus the transcript's calls no entry
+records). Whether a call failed is `flowrl.trace.facts.tool_failed`, the rule capture, ingest and the report use:
 the framework said so, it carries an error, its result starts with `Error` / `System-Error`, a Python
 traceback sits inside a "success" result (FlowAgent's `exec_code` reports `{'success': True, ...}` for code
 that raised), or the result is a dict (or its text) with `success: False`.
@@ -17,7 +17,7 @@ from typing import Any
 
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.views import CONTROL_TOOLS, tool_calls
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 
 class ToolSuccessReward(Reward):

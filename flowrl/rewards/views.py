@@ -4,7 +4,8 @@ A trace may carry its tool calls in `tool_calls` (capture, ingest, toolboxv2 rl 
 (OpenAI-format transcript; what a fresh GRPO completion gives), or in both. These helpers give one answer
 either way, so each reward reads the same facts: the tool calls with their results, the final answer and
 its success flag, the code the agent wrote. The tool calls, their failure, the answer, the task key and
-manual labels are decided by `flowrl.facts` (re-exported here); the transcript is read by `flowrl.transcript`; a
+manual labels are decided by `flowrl.trace.facts` (re-exported here); the transcript is read by
+`flowrl.trace.transcript`; a
 transcript that flowrl synthesised (`metadata.transcript == "synthesized"`) is not what the model wrote and
 is not read here as if it were.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flowrl.facts import (
+from flowrl.trace.facts import (
     CONTROL_TOOLS,
     ToolCallView,
     answer_text,
@@ -24,8 +25,8 @@ from flowrl.facts import (
     task_key,
     tool_calls,
 )
-from flowrl.schema import ExecutionTrace
-from flowrl.transcript import TranscriptCall, transcript_calls
+from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.transcript import TranscriptCall, transcript_calls
 
 __all__ = [
     "CONTROL_TOOLS",
@@ -92,5 +93,5 @@ def assistant_turns(trace: ExecutionTrace) -> int | None:
 
 
 def group_key(trace: ExecutionTrace) -> str:
-    """Traces of the same task (`flowrl.facts.task_key`: `group_key` when set, else the user turn as a task)."""
+    """Traces of the same task (`flowrl.trace.facts.task_key`: `group_key` when set, else the user turn as a task)."""
     return task_key(trace)

@@ -163,7 +163,7 @@ class ServedModel:
 
     def messages(self, request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
         """The request's messages in the shape chat templates take, and its tools (None when not used)."""
-        from flowrl.transcript import normalize_message
+        from flowrl.trace.transcript import normalize_message
 
         raw = request.get("messages")
         if not isinstance(raw, list) or not raw:

@@ -86,7 +86,7 @@ class AgentGRPO:
 
 def agent_grpo(config: Any, adapter: AgentAdapter, tasks: list[Any], store: Path) -> AgentGRPO:
     """The rollout and rewards of an online GRPO run through `adapter`'s agent on `tasks`."""
-    from flowrl.train.trainers import online_reward_funcs
+    from flowrl.train.reward_funcs import online_reward_funcs
 
     turn_tokens = config.turn_tokens or DEFAULT_TURN_TOKENS
     episode_tokens = config.max_completion_length or DEFAULT_EPISODE_TOKENS

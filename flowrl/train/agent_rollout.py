@@ -38,7 +38,7 @@ from typing import Any
 
 from flowrl.engines.chat_backend import Completion, TokensInBackend
 from flowrl.errors import FlowRLError, require
-from flowrl.facts import REFERENCE_KEYS, reference_in
+from flowrl.trace.facts import REFERENCE_KEYS, reference_in
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class AgentAdapter:
     - `make_agent(backend)`: a fresh agent, its tools included, whose LLM calls go to `backend` (a `ChatBackend`:
       `complete(messages) -> Completion`). Called once per rollout, so a new agent is the reset.
     - `tasks`: the training tasks, each with `task_id` and `query` and, where known, its answer under one of
-      `flowrl.facts.REFERENCE_KEYS` (`answer`, `reference_answer`, ...: the `reference_answer` reward reads it).
+      `flowrl.trace.facts.REFERENCE_KEYS` (`answer`, `reference_answer`, ...: the `reference_answer` reward reads it).
       A `--dataset` given to `flowrl train` replaces them (its rows' last user turn is the query).
     - `run(agent, task) -> answer` (async): one task through the agent's loop (default: `a_run(query, ...)`).
       `task` is a `RolloutTask`: `task_id`, `query`, `reference`, and `host`, your own task object (or dataset row).
@@ -346,7 +346,7 @@ class AgentRollout:
         episode_tokens: int,
         max_turns: int | None,
     ) -> None:
-        from flowrl.store import TraceStore
+        from flowrl.store.files import TraceStore
         from flowrl.train.offline_grpo import prompt_key
 
         self.adapter = adapter

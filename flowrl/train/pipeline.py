@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl import __version__
 from flowrl.errors import ConfigError, ModelError, TrainingError
 from flowrl.models import DEFAULT_MODEL, ResolvedModel, resolve_model
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
 from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
+from flowrl.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from flowrl.methods import get_method
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData
 from flowrl.train.hardware import RunSettings
+from flowrl.train.reward_funcs import online_reward_funcs
 
 log = logging.getLogger(__name__)
 
@@ -191,20 +192,6 @@ def trl_config_kwargs(
     if encoding == "sft":
         kwargs.update(assistant_only_loss=assistant_only_loss, packing=False)
     return kwargs
-
-
-def online_reward_funcs(config: TrainingConfig) -> tuple[list[Any], list[float]]:
-    """flowrl's rewards as TRL reward functions, with their weights (config's, else the engine's)."""
-    from flowrl.rewards.engine import RewardEngine
-
-    engine = RewardEngine.from_config(config.reward_config) if config.reward_config else RewardEngine()
-    names = config.rewards or engine.names
-    missing = [n for n in names if n not in engine.rewards]
-    if missing:
-        raise ConfigError(f"unknown reward {', '.join(missing)}: choose from {', '.join(engine.names)}")
-    funcs = [engine.rewards[n].as_reward_func() for n in names]
-    weights = config.reward_weights or [engine.weights[n] for n in names]
-    return funcs, [float(w) for w in weights]
 
 
 def warn_unexecuted_tools(data: LoadedData) -> int:

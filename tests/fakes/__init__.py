@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrl.store import TraceStore
+from flowrl.store.files import TraceStore
 
 
 def stored(store: TraceStore | Any) -> list[dict[str, Any]]:

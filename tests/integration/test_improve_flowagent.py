@@ -51,7 +51,7 @@ def test_a_real_flowagent_goes_through_a_round(toolbox_python: Path, toolbox_env
     from flowrl.improve.process import AgentProcess
     from flowrl.improve.user import default_grade, load_tasks, split_tasks
     from flowrl.models import resolve_model
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(

@@ -141,7 +141,7 @@ def test_one_trace_per_run(run: dict[str, Any]) -> None:
 
 
 def test_traces_are_valid_flowrl_traces(run: dict[str, Any]) -> None:
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
 
     store = TraceStore(run["store"])
     assert len(list(store.iter_traces())) == len(RUNS) and not store.problems, store.problems

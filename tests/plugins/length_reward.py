@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flowrl.rewards import Reward, RewardResult
 from flowrl.rewards.views import answer_text
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace
 
 
 class LengthReward(Reward):

@@ -6,8 +6,8 @@ each listing starts a fresh record and `store.problems` is the latest one's. Eac
 
 from __future__ import annotations
 
-from flowrl.store import ProblemRecords as _StoreProblems
-from flowrl.store import _Operations
+from flowrl.store.files import ProblemRecords as _StoreProblems
+from flowrl.store.files import _Operations
 
 
 class ProblemRecords(_StoreProblems):

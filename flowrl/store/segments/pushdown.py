@@ -1,7 +1,7 @@
 """Filter pushdown: which rows of a segment a `TraceFilter` can match, from the scalar columns alone.
 
 A row is dropped before its `trace` JSON is decoded only when its columns prove it cannot match. Rows of a trace
-with patches (`flowrl.segments.sidecar`) are never dropped here, since a patch may change the label or score the
+with patches (`flowrl.store.segments.sidecar`) are never dropped here, since a patch may change the label or score the
 columns hold; the full `TraceFilter.matches` on the merged trace decides for every row that is kept.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flowrl.segments.format import Segment
-from flowrl.store import TraceFilter
+from flowrl.store.files import TraceFilter
+from flowrl.store.segments.format import Segment
 
 COLUMNS = ["trace_id", "agent_name", "session_id", "source", "label", "label_source", "reward_score"]
 

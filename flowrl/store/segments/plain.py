@@ -12,11 +12,8 @@ a plain patch sets among the segment's columns (`label`, `label_source`, `manual
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from flowrl.segments.sideview import SideView
+from collections.abc import Callable
+from typing import Any
 
 # the columns a plain patch's values are merged onto, as a build reads them
 COLUMNS = ("label", "label_source", "manual_review", "reward_score", "rewards")
@@ -105,79 +102,6 @@ def float_rewards(rewards: dict[str, Any]) -> dict[str, float | None]:
     return {name: None if value is None else float(value) for name, value in rewards.items()}
 
 
-class PatchRewards(Mapping[str, float | None]):
-    """A plain patch's `rewards`, read from its record when first used (a build mostly needs only the label)."""
-
-    __slots__ = ("_record", "_value", "_view")
-
-    def __init__(self, view: SideView, record: int) -> None:
-        self._view, self._record = view, record
-        self._value: dict[str, float | None] | None = None
-
-    def _load(self) -> dict[str, float | None]:
-        if self._value is None:
-            self._value = float_rewards(self._view.fields(self._record)["rewards"])
-        return self._value
-
-    def __getitem__(self, name: str) -> float | None:
-        return self._load()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._load())
-
-    def __len__(self) -> int:
-        return len(self._load())
-
-
-def merge_columns(
-    view: SideView, ids: list[str], base: Any, exclude: Collection[str] = ()
-) -> tuple[Any, dict[str, list[Any]] | None]:
-    """Merge plain patches onto `base` (a pyarrow table of the `COLUMNS` of rows with side records, `ids` theirs),
-    with numpy, for the rows whose only record is one and not in `exclude`. Returns which rows were merged (numpy
-    bools) and every row's `COLUMNS` as lists (a row not merged as it was: merged one by one), or None when none
-    was. `rewards` of a merged row whose patch sets them: `PatchRewards`."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    records = view.plain_records(ids)
-    if exclude:
-        records[np.fromiter((tid in exclude for tid in ids), bool, len(ids))] = -1
-    merged = records >= 0
-    if not merged.any():
-        return merged, None
-    flags, sets, scores = view.columns(records)
-
-    def numpy(array: Any) -> Any:
-        return array.to_numpy(zero_copy_only=False)
-
-    label, source = base.column("label"), base.column("label_source")
-    is_manual, is_engine = (
-        numpy(pc.equal(source, "manual").fill_null(False)),
-        numpy(pc.equal(source, "engine").fill_null(False)),
-    )
-    merged &= numpy(source.is_null()) | is_manual | is_engine  # a label source the trace model would refuse: one by one
-    base_label = np.where(numpy(label.is_null()), 1, 2 + numpy(label.fill_null(False)).astype(np.int8))
-    base_source = np.where(is_manual, 2, np.where(is_engine, 3, 1))
-    base_review = numpy(base.column("manual_review").fill_null(False))
-    base_manual = (base_label != 1) & (is_manual | ((base_source == 1) & base_review))  # `facts.manual_label`
-    review_too = merged & (((flags & view.MANUAL) != 0) | ~base_manual)  # a person's label stays otherwise
-    new_label, new_source, new_review = sets & 3, (sets >> 2) & 3, (sets >> 4) & 3
-    score = np.array(base.column("reward_score").to_pylist(), dtype=object)
-    patched_score = merged & ((flags & view.SCORE) != 0)
-    score[patched_score] = np.where(np.isnan(scores), None, scores.astype(object))[patched_score]
-    rewards = base.column("rewards").to_pylist()
-    for i in np.flatnonzero(merged & ((flags & view.REWARDS) != 0)).tolist():
-        rewards[i] = PatchRewards(view, int(records[i]))
-    out = {
-        "label": _LABELS[np.where(review_too & (new_label != 0), new_label, base_label)].tolist(),
-        "label_source": _SOURCES[np.where(review_too & (new_source != 0), new_source, base_source)].tolist(),
-        "manual_review": np.where(review_too & (new_review != 0), new_review == 3, base_review).tolist(),
-        "reward_score": score.tolist(),
-        "rewards": rewards,
-    }
-    return merged, out
-
-
 def _objects(values: tuple[Any, ...]) -> Any:
     import numpy as np
 
@@ -186,4 +110,4 @@ def _objects(values: tuple[Any, ...]) -> Any:
     return out
 
 
-_LABELS, _SOURCES = _objects(LABELS), _objects(SOURCES)
+LABEL_OBJECTS, SOURCE_OBJECTS = _objects(LABELS), _objects(SOURCES)  # numpy object arrays, indexed by code

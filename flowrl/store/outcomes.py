@@ -1,6 +1,6 @@
 """The host's outcomes on disk: append-only side records beside the traces.
 
-Layout: `{root}/.outcomes/{trace_id}.jsonl`, one JSON object per line (a `flowrl.outcomes.HostOutcome` plus its
+Layout: `{root}/.outcomes/{trace_id}.jsonl`, one JSON object per line (a `flowrl.trace.outcomes.HostOutcome` plus its
 `trace_id`). A line is appended with `O_APPEND` and fsynced (the folder too when the file is new), and never
 rewritten: a correction is a new line. The trace file itself is never touched, so re-scoring (which rewrites
 it) cannot lose an outcome, and an outcome may be recorded before its trace is written (it is read whenever the
@@ -20,8 +20,8 @@ from pathlib import Path
 import orjson
 from pydantic import ValidationError
 
-from flowrl.outcomes import HostOutcome
-from flowrl.store_index import read_regular_file, real_folder, sync_folder
+from flowrl.store.index import read_regular_file, real_folder, sync_folder
+from flowrl.trace.outcomes import HostOutcome
 
 OUTCOMES = ".outcomes"
 MAX_LINE = 64 * 1024

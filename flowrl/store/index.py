@@ -79,7 +79,7 @@ def day_dirs(root: Path, skip: Skip | None = None) -> list[Path]:
         if entry.is_dir(follow_symlinks=False) and valid_day(entry.name):
             days.append(Path(entry.path))
         elif entry.name in SEGMENT_FOLDERS and entry.is_dir(follow_symlinks=False):
-            continue  # the columnar layout beside this one (`flowrl.segments`), read by a SegmentStore
+            continue  # the columnar layout beside this one (`flowrl.store.segments`), read by a SegmentStore
         elif skip is not None:
             skip(Path(entry.path), f"{entry.path}: {_not_ours(entry, 'a day folder (YYYY-MM-DD, a real date)')}")
     return days

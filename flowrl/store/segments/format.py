@@ -8,7 +8,7 @@ Scalar columns hold what `flowrl.store.TraceFilter` filters on, so a listing rea
 
 `day` is the date partition the row was filed under; `written_ns` (the writer's clock when it wrote the row)
 orders rows of one trace written twice: the newest wins. Segments written now also hold the
-columns a dataset build reads (`flowrl.segments.derived`) and carry `flowrl.format = segment-v2` in the file's
+columns a dataset build reads (`flowrl.store.segments.derived`) and carry `flowrl.format = segment-v2` in the file's
 key-value metadata; `segment-v1` files (without them) are read as they are. A file without the marker, or
 without these columns in these types, is not a segment.
 """
@@ -20,9 +20,10 @@ from typing import Any
 
 import orjson
 
-from flowrl.schema import ExecutionTrace
-from flowrl.segments.derived import COLUMNS as DERIVED
-from flowrl.segments.derived import derive
+from flowrl.store.segments.derived import COLUMNS as DERIVED
+from flowrl.store.segments.derived import derive
+from flowrl.trace.load import stored_dict
+from flowrl.trace.schema import ExecutionTrace
 
 FORMAT_KEY = b"flowrl.format"
 FORMAT = b"segment-v2"
@@ -75,7 +76,7 @@ def _schema(derived: bool = True) -> Any:
 
 def trace_json(trace: ExecutionTrace) -> bytes:
     """The stored JSON of a trace in a segment: `flowrl.store.dumps`' data, without the indentation."""
-    return orjson.dumps(trace.to_dict(), option=orjson.OPT_NON_STR_KEYS, default=repr)
+    return orjson.dumps(stored_dict(trace), option=orjson.OPT_NON_STR_KEYS, default=repr)
 
 
 def encode(rows: list[tuple[ExecutionTrace, str, int]]) -> bytes:

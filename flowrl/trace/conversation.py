@@ -6,7 +6,7 @@ import, say) gets a minimal conversation synthesised from `user_query`, `tool_ca
 `final_response`: the user turn, then one assistant message per logged tool call followed by its
 result, then the final answer.
 
-Messages are normalised to the shape Hugging Face chat templates expect (`flowrl.transcript`, which
+Messages are normalised to the shape Hugging Face chat templates expect (`flowrl.trace.transcript`, which
 owns the chat format: synthesis, argument parsing and this normalisation live there):
 - `content` is always a string (`None` becomes `""`; a list of text parts is joined);
 - a tool call is `{"id", "type": "function", "function": {"name", "arguments"}}` with `arguments`
@@ -32,16 +32,16 @@ from typing import Any
 
 import orjson
 
-from flowrl.facts import query_key
-from flowrl.schema import ExecutionTrace
-from flowrl.transcript import (
+from flowrl.trace.facts import query_key
+from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.transcript import (
     ArgumentsAs,
     is_synthesized,
     normalize_message,
     normalize_tool_call,
     synthesize_tools,
 )
-from flowrl.transcript import synthesize_messages as _synthesize
+from flowrl.trace.transcript import synthesize_messages as _synthesize
 
 __all__ = [
     "ArgumentsAs",
@@ -103,7 +103,7 @@ class Conversation:
 
 
 def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict") -> list[dict[str, Any]]:
-    """The minimal conversation of a trace that has no `messages` (`flowrl.transcript.synthesize_messages`)."""
+    """The minimal conversation of a trace that has no `messages` (`flowrl.trace.transcript.synthesize_messages`)."""
     messages = (
         normalize_message(m, arguments_as)
         for m in _synthesize(trace.user_query, trace.tool_calls, trace.final_response)
@@ -112,7 +112,7 @@ def synthesize_messages(trace: ExecutionTrace, arguments_as: ArgumentsAs = "dict
 
 
 def normalize_query(text: str) -> str:
-    """Case-, space- and trailing-punctuation-insensitive form of a user turn (`flowrl.facts.query_key`, the
+    """Case-, space- and trailing-punctuation-insensitive form of a user turn (`flowrl.trace.facts.query_key`, the
     rule the task key uses too)."""
     return query_key(text)
 

@@ -11,7 +11,7 @@ trace means the same thing to each of them. The rules, one each:
    that raised. A call without a result, flag or error cannot be judged (None). The calls of a trace
    (`tool_calls`) are its logged `tool_calls` plus the transcript's calls that no entry records, one per
    call id; `final_answer` steers the loop and is not counted as a tool.
-2. **The run's outcome** (`run_outcome`), first match wins: the host's `success` (`flowrl.outcomes`, said
+2. **The run's outcome** (`run_outcome`), first match wins: the host's `success` (`flowrl.trace.outcomes`, said
    during the run or later); an error answer (`Error:`, `Error executing`, `System-Error`, after any leading
    `<think>` block) -> 0; a failed status (`max_iterations`, `cancelled`, `failed`, `error`) -> 0, an
    unfinished one (`running`, `paused`) -> None; the `final_answer` call's own `success` flag; the trace's
@@ -36,9 +36,9 @@ stored copy; the task's facts (key, reference) come from fields the host may set
 (`group_key`, `metadata`), so they are read from those fields and refreshed in the stored copy whenever the
 trace is written (`ExecutionTrace.to_dict`). Labels depend on scores given later and are never stored here.
 
-The stored shape (`TraceFacts`, `ToolTally`) is defined here, beside the rules that fill it; the schema embeds
-it. So the import runs one way: `flowrl.schema` imports this module, which imports only `flowrl.transcript` and
-`flowrl.outcomes` (the trace types below are for annotations only), and no import circle forms.
+The stored shape (`TraceFacts`, `ToolTally`) is the schema's (`flowrl.trace.schema`); the rules that fill it
+are here. The import runs one way: this module imports the schema, `flowrl.trace.transcript` and
+`flowrl.trace.outcomes`; the schema imports no rule.
 """
 
 from __future__ import annotations
@@ -48,12 +48,11 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from flowrl.outcomes import HostVerdict, merge
-from flowrl.transcript import (
+from flowrl.trace.outcomes import HostVerdict, merge
+from flowrl.trace.schema import ExecutionTrace, ToolTally, TraceFacts
+from flowrl.trace.transcript import (
     FINAL_ANSWER,
     TranscriptCall,
     final_answer,
@@ -61,9 +60,6 @@ from flowrl.transcript import (
     parse_arguments,
     transcript_calls,
 )
-
-if TYPE_CHECKING:  # annotations only: the schema imports this module
-    from flowrl.schema import ExecutionTrace
 
 # Tools that steer the agent loop rather than act on the world: not "tool calls" for success or budgets.
 CONTROL_TOOLS: frozenset[str] = frozenset({FINAL_ANSWER})
@@ -82,37 +78,6 @@ _DICT_FAILURE = re.compile(r"""["']success["']\s*:\s*(False|false)\b""")
 _DICT_ERROR = re.compile(r"""^\{\s*["']error["']\s*:\s*["']""")  # TRL's tool loop: {'error': '...'}
 _LEADING_REASONING = re.compile(r"^\s*<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
 _WS = re.compile(r"\s+")
-
-
-# ---------------------------------------------------------------------------------------------
-# the stored shape (`ExecutionTrace.facts`)
-
-
-class _Stored(BaseModel):
-    model_config = ConfigDict(extra="allow")  # keys written by newer tools survive a load/save round trip
-
-
-class ToolTally(_Stored):
-    """One tool's calls in a run: how many could be judged, how many of them failed."""
-
-    calls: int = 0
-    failed: int = 0
-
-
-class TraceFacts(_Stored):
-    """What this module decided about a run, stored with it (capture, ingest, upgrade). `outcome`: did the
-    task succeed (1, 0, a share of sub-tasks, None: cannot tell), decided by the rule `outcome_source` names;
-    `tools`: per tool, judged calls and failures (`final_answer` not counted); `task_key`: what makes two
-    runs the same task; `reference_answer`: the task's known answer (never one guessed from another run) and
-    where it came from. The task's facts are refreshed whenever the trace is written."""
-
-    outcome: float | None = None
-    outcome_source: str = "none"
-    outcome_detail: dict[str, Any] = Field(default_factory=dict)
-    tools: dict[str, ToolTally] = Field(default_factory=dict)
-    task_key: str = ""
-    reference_answer: str | None = None
-    reference_source: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +234,7 @@ def final_answer_call(trace: ExecutionTrace) -> dict[str, Any] | None:
 
 
 def answer_text(trace: ExecutionTrace) -> str:
-    """The agent's answer (`flowrl.transcript.final_answer`): the final_answer call's answer, else
+    """The agent's answer (`flowrl.trace.transcript.final_answer`): the final_answer call's answer, else
     `final_response`, else the last assistant text."""
     return final_answer(trace.messages, trace.final_response, call_args=final_answer_call(trace) or {})
 
@@ -378,7 +343,7 @@ def compute_outcome(trace: ExecutionTrace, *, error_prefixes: tuple[str, ...] = 
 
 
 def host_verdict(trace: ExecutionTrace) -> HostVerdict:
-    """The host's outcomes of the run read as one (`flowrl.outcomes.merge`; empty when it has none)."""
+    """The host's outcomes of the run read as one (`flowrl.trace.outcomes.merge`; empty when it has none)."""
     return merge(getattr(trace, "outcomes", None) or ())
 
 

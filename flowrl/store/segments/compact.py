@@ -11,7 +11,7 @@ where they are.
 **Into another root** (`out`): every trace as read now (side records merged) is written there, its host
 outcomes as side records; the source is not touched.
 
-**Interrupted at any point, nothing is lost or half-written**: segments are put atomically (`flowrl.segments.fs`)
+**Interrupted at any point, nothing is lost or half-written**: segments are put atomically (`flowrl.store.segments.fs`)
 and every reader reads both layouts, the newest copy of an id winning; no JSON file is removed before the
 segments holding its trace were read back; a second run copies only the JSON files that are still the current
 copy of their trace and removes the rest once verified, so it neither loses nor duplicates what the first did.
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowrl.errors import SchemaError, StoreError
-from flowrl.schema import ExecutionTrace
-from flowrl.segments.catalog import Ref
-from flowrl.segments.store import SegmentStore
-from flowrl.store import ReadProblems
+from flowrl.store.files import ReadProblems
+from flowrl.store.segments.catalog import Ref
+from flowrl.store.segments.store import SegmentStore
+from flowrl.trace.schema import ExecutionTrace
 
 BATCH = 5000
 

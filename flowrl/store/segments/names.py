@@ -15,7 +15,7 @@ import secrets
 import socket
 
 from flowrl.errors import ConfigError
-from flowrl.store_index import valid_day
+from flowrl.store.index import valid_day
 
 SEGMENTS = "segments"
 SIDECAR = "sidecar"

@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any
 
-log = logging.getLogger("flowrl.segments.store")
+log = logging.getLogger("flowrl.store.segments.store")
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 

@@ -8,7 +8,7 @@ load unchanged.
 Redaction is not done here: whoever builds a trace from the outside world (capture, ingest) masks it
 before calling `write`. The store only stores.
 
-Its folder may hold anything, so (details in `flowrl.store_index`, which owns the folder on disk):
+Its folder may hold anything, so (details in `flowrl.store.index`, which owns the folder on disk):
 
 - **Writes stay inside the root and are durable when acknowledged**: links in place of `.staging` or a day
   folder are replaced by real folders; the folder is fsynced after each rename (`write_many`: one `syncfs`
@@ -29,7 +29,7 @@ Three things keep it right when it is shared:
   (`flock`, so threads and processes both wait) from the read to the rename. `update` also keeps a
   manual review that was stored after the caller read its copy: a score written back by `flowrl score`
   cannot undo a label given meanwhile. `write`/`write_many` (new traces: capture, ingest) take no lock.
-- **An index for `find`** (`flowrl.store_index`): O(1) after the first call, kept fresh by this
+- **An index for `find`** (`flowrl.store.index`): O(1) after the first call, kept fresh by this
   object's writes and by a cheap check, on a miss, of whether any process wrote since.
 """
 
@@ -50,10 +50,7 @@ from typing import Any
 import orjson
 
 from flowrl.errors import ConfigError, SchemaError, StoreError
-from flowrl.facts import is_manual_label
-from flowrl.outcomes import HostOutcome, make_outcome
-from flowrl.schema import SOURCES, ExecutionTrace, load_trace
-from flowrl.store_index import (
+from flowrl.store.index import (
     STAGING,
     STALE_STAGING_S,
     TraceIndex,
@@ -66,7 +63,11 @@ from flowrl.store_index import (
     trace_files,
     valid_day,
 )
-from flowrl.store_outcomes import OUTCOMES, append_outcomes, ids_with_outcomes, read_outcomes
+from flowrl.store.outcomes import OUTCOMES, append_outcomes, ids_with_outcomes, read_outcomes
+from flowrl.trace.facts import is_manual_label
+from flowrl.trace.load import load_trace, stored_dict
+from flowrl.trace.outcomes import HostOutcome, make_outcome
+from flowrl.trace.schema import SOURCES, ExecutionTrace
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +105,13 @@ def _toolboxv2_data_dir() -> str | None:
 
 
 def dumps(trace: ExecutionTrace | dict[str, Any]) -> bytes:
-    data = trace.to_dict() if isinstance(trace, ExecutionTrace) else trace
+    data = stored_dict(trace) if isinstance(trace, ExecutionTrace) else trace
     return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=repr)
 
 
 @dataclass
 class ReadProblem:
-    path: Path | str  # a str: a location in a `flowrl.segments.SegmentStore` (a URL, `segment#row`)
+    path: Path | str  # a str: a location in a `flowrl.store.segments.SegmentStore` (a URL, `segment#row`)
     message: str
 
 
@@ -197,7 +198,7 @@ class TraceFilter:
 
 class ProblemRecords:
     """The `problems` / `operation()` half of a store's API, shared by `TraceStore` and
-    `flowrl.segments.SegmentStore`: what one operation could not read, per thread (`_ops`, set by the store)."""
+    `flowrl.store.segments.SegmentStore`: what one operation could not read, per thread (`_ops`, set by the store)."""
 
     _ops: _Operations
 
@@ -244,7 +245,7 @@ class ProblemRecords:
 
 
 class OutcomeRecords:
-    """`record_outcome`, shared by `TraceStore` and `flowrl.segments.SegmentStore`: each appends through its own
+    """`record_outcome`, shared by `TraceStore` and `flowrl.store.segments.SegmentStore`: each appends through its own
     `record_outcomes`."""
 
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
@@ -410,7 +411,7 @@ class TraceStore(ProblemRecords, OutcomeRecords):
             os.close(fd)
 
     def find(self, trace_id: str) -> Path | None:
-        """The file of `trace_id`, or None. O(1) after the first call (see `flowrl.store_index`)."""
+        """The file of `trace_id`, or None. O(1) after the first call (see `flowrl.store.index`)."""
         _check_id(trace_id)
         return self._index.find(trace_id)
 
@@ -442,7 +443,7 @@ class TraceStore(ProblemRecords, OutcomeRecords):
             raise SchemaError(f"{path}: cannot read: {exc.strerror or exc}") from exc
         return trace_from_json(raw, str(path), Path(path))
 
-    # -- the host's outcomes (side records, `flowrl.store_outcomes`) ----------------------------------
+    # -- the host's outcomes (side records, `flowrl.store.outcomes`) ----------------------------------
     def record_outcomes(self, trace_id: str, outcomes: list[HostOutcome]) -> None:
         """Append checked outcomes to a run's side records, in one durable write."""
         _check_id(trace_id)

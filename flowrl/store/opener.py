@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from flowrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from flowrl.segments import SegmentStore
-    from flowrl.store import TraceStore
+    from flowrl.store.files import TraceStore
+    from flowrl.store.segments import SegmentStore
 
 LAYOUTS = ("json", "segments")
 # `Path("s3://bucket/x")` is `s3:/bucket/x`: a URL that went through a `Path` (a typer option) is mended
@@ -39,8 +39,8 @@ def open_store(
 ) -> TraceStore | SegmentStore:
     """A store for `spec` (default: `TraceStore.default()`'s folder). `options` go to `SegmentStore`
     (`writer_id`, `flush_rows`, `flush_seconds`)."""
-    from flowrl.segments.fs import is_url
-    from flowrl.store import TraceStore, default_root
+    from flowrl.store.files import TraceStore, default_root
+    from flowrl.store.segments.fs import is_url
 
     if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"layout {layout!r}: use one of {', '.join(LAYOUTS)}")
@@ -50,7 +50,7 @@ def open_store(
         raise ConfigError(f"{text}: the per-trace JSON layout needs a local folder; use layout 'segments' for a URL")
     local = Path(text[len("file://") :] if text.startswith("file://") else text).expanduser()
     if layout == "segments" or url or (layout is None and (local / "segments").is_dir()):
-        from flowrl.segments import SegmentStore
+        from flowrl.store.segments import SegmentStore
 
         return SegmentStore(text, **options)
     if options:

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import SchemaError
-from flowrl.schema import ExecutionTrace
-from flowrl.segments import names
-from flowrl.segments.format import NotASegment, Segment
-from flowrl.segments.fs import Root
-from flowrl.segments.sidecar import Record
-from flowrl.segments.sideview import SideView
-from flowrl.store import trace_from_json
-from flowrl.store_index import day_dirs, trace_files, valid_day
-from flowrl.store_outcomes import ids_with_outcomes
+from flowrl.store.files import trace_from_json
+from flowrl.store.index import day_dirs, trace_files, valid_day
+from flowrl.store.outcomes import ids_with_outcomes
+from flowrl.store.segments import names
+from flowrl.store.segments.format import NotASegment, Segment
+from flowrl.store.segments.fs import Root
+from flowrl.store.segments.sidecar import Record
+from flowrl.store.segments.sideview import SideView
+from flowrl.trace.schema import ExecutionTrace
 
 Skip = Callable[[str, str], None]
 Keep = Callable[[Segment, str], list[bool] | None]

@@ -3,7 +3,7 @@
 `scan` follows a listing's order (`SegmentStore.iter_paths`: days in order; in a day, JSON files, then segment
 rows by object name and row) and gives the rows of one segment together with the columns asked for. Rows that
 must be read whole come as refs without columns: JSON files and segments written before the derived columns
-(`flowrl.segments.derived`); the caller reads those with `SegmentStore.read_path`.
+(`flowrl.store.segments.derived`); the caller reads those with `SegmentStore.read_path`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from flowrl.segments.catalog import Catalog, Ref, SegmentRows
-from flowrl.segments.format import NotASegment
+from flowrl.store.segments.catalog import Catalog, Ref, SegmentRows
+from flowrl.store.segments.format import NotASegment
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""SideView: every side record of a store (`flowrl.segments.sidecar`), held compactly and found by trace id.
+"""SideView: every side record of a store (`flowrl.store.segments.sidecar`), held compactly and found by trace id.
 
 A listing holds every side record of its store, and a scored store has one per trace. As Python objects (a
 `Record` with its line, a list and a dict entry per id) that was ~0.9 KB a trace: 1.2 GiB in the main process of a
@@ -22,16 +22,16 @@ import math
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import orjson
 
-from flowrl.outcomes import HostOutcome
-from flowrl.schema import ExecutionTrace
-from flowrl.segments import plain, sidecar
-from flowrl.segments.sidecar import Record, Skip, tell
+from flowrl.store.segments import plain, sidecar
+from flowrl.store.segments.sidecar import Record, Skip, tell
+from flowrl.trace.outcomes import HostOutcome
+from flowrl.trace.schema import ExecutionTrace
 
 RUN_BYTES = 32 * 1024
 _CACHED_RUNS = 8
@@ -178,7 +178,7 @@ class SideView:
         return out
 
     def plain_records(self, ids: list[str]) -> Any:
-        """For each id whose only record is a plain patch (`flowrl.segments.plain`): that record's number, found
+        """For each id whose only record is a plain patch (`flowrl.store.segments.plain`): that record's number, found
         without its line being read (for a segment's rows at once); -1 for the others (no record, several, or
         another kind: merged one by one). A numpy array."""
         with self._lock:
@@ -315,3 +315,78 @@ def _head(line: bytes, line_no: int, location: str, skip: Skip | None) -> tuple[
             return obj["trace_id"], at, _OUTCOME, 0, math.nan
     tell(skip, location, f"{location} line {line_no}: not a side record (patch or outcome), skipped")
     return None
+
+
+class PatchRewards(Mapping[str, float | None]):
+    """A plain patch's `rewards`, read from its record when first used (a build mostly needs only the label)."""
+
+    __slots__ = ("_record", "_value", "_view")
+
+    def __init__(self, view: SideView, record: int) -> None:
+        self._view, self._record = view, record
+        self._value: dict[str, float | None] | None = None
+
+    def _load(self) -> dict[str, float | None]:
+        if self._value is None:
+            self._value = plain.float_rewards(self._view.fields(self._record)["rewards"])
+        return self._value
+
+    def __getitem__(self, name: str) -> float | None:
+        return self._load()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+def merge_columns(
+    view: SideView, ids: list[str], base: Any, exclude: Collection[str] = ()
+) -> tuple[Any, dict[str, list[Any]] | None]:
+    """Merge plain patches onto `base` (a pyarrow table of the `plain.COLUMNS` of rows with side records, `ids` theirs),
+    with numpy, for the rows whose only record is one and not in `exclude`. Returns which rows were merged (numpy
+    bools) and every row's `plain.COLUMNS` as lists (a row not merged as it was: merged one by one), or None when none
+    was. `rewards` of a merged row whose patch sets them: `PatchRewards`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    records = view.plain_records(ids)
+    if exclude:
+        records[np.fromiter((tid in exclude for tid in ids), bool, len(ids))] = -1
+    merged = records >= 0
+    if not merged.any():
+        return merged, None
+    flags, sets, scores = view.columns(records)
+
+    def numpy(array: Any) -> Any:
+        return array.to_numpy(zero_copy_only=False)
+
+    label, source = base.column("label"), base.column("label_source")
+    is_manual, is_engine = (
+        numpy(pc.equal(source, "manual").fill_null(False)),
+        numpy(pc.equal(source, "engine").fill_null(False)),
+    )
+    merged &= numpy(source.is_null()) | is_manual | is_engine  # a label source the trace model would refuse: one by one
+    base_label = np.where(numpy(label.is_null()), 1, 2 + numpy(label.fill_null(False)).astype(np.int8))
+    base_source = np.where(is_manual, 2, np.where(is_engine, 3, 1))
+    base_review = numpy(base.column("manual_review").fill_null(False))
+    base_manual = (base_label != 1) & (is_manual | ((base_source == 1) & base_review))  # `facts.manual_label`
+    review_too = merged & (((flags & view.MANUAL) != 0) | ~base_manual)  # a person's label stays otherwise
+    new_label, new_source, new_review = sets & 3, (sets >> 2) & 3, (sets >> 4) & 3
+    score = np.array(base.column("reward_score").to_pylist(), dtype=object)
+    patched_score = merged & ((flags & view.SCORE) != 0)
+    score[patched_score] = np.where(np.isnan(scores), None, scores.astype(object))[patched_score]
+    rewards = base.column("rewards").to_pylist()
+    for i in np.flatnonzero(merged & ((flags & view.REWARDS) != 0)).tolist():
+        rewards[i] = PatchRewards(view, int(records[i]))
+    out = {
+        "label": plain.LABEL_OBJECTS[np.where(review_too & (new_label != 0), new_label, base_label)].tolist(),
+        "label_source": plain.SOURCE_OBJECTS[
+            np.where(review_too & (new_source != 0), new_source, base_source)
+        ].tolist(),
+        "manual_review": np.where(review_too & (new_review != 0), new_review == 3, base_review).tolist(),
+        "reward_score": score.tolist(),
+        "rewards": rewards,
+    }
+    return merged, out

@@ -11,11 +11,11 @@ store keeps them as append-only side records beside the trace, so re-scoring, wh
 cannot lose them). `merge` reads them as one verdict: the last value of each field wins, reward by reward, and
 every feedback text is kept.
 
-What a verdict means for the rest of flowrl is decided in `flowrl.facts`: a host reference is the task's
+What a verdict means for the rest of flowrl is decided in `flowrl.trace.facts`: a host reference is the task's
 reference answer, a host success is the run's outcome and outranks every engine reward (only a manual label
 outranks it), and the host's verdict is scored by the `host_outcome` reward.
 
-This module sits at the bottom beside `flowrl.schema` (which embeds `HostOutcome` in a trace): it imports only
+This module sits at the bottom beside `flowrl.trace.schema` (which embeds `HostOutcome` in a trace): it imports only
 pydantic and `flowrl.errors`.
 """
 

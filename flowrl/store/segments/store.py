@@ -6,8 +6,8 @@ For a fleet of hosts writing one store (`s3://bucket/prefix`, `gs://...`, `memor
     {root}/sidecar/date=YYYY-MM-DD/{writer_id}-{seq:06d}-{rand}.jsonl      scores, labels, outcomes (`sidecar`)
     {root}/YYYY-MM-DD/{trace_id}.json                                      the per-trace layout, read as well
 
-Objects are put whole and never rewritten or replaced (`flowrl.segments.fs`); names cannot collide
-(`flowrl.segments.names`). `write`/`write_many` buffer traces and put one segment per day partition every
+Objects are put whole and never rewritten or replaced (`flowrl.store.segments.fs`); names cannot collide
+(`flowrl.store.segments.names`). `write`/`write_many` buffer traces and put one segment per day partition every
 `flush_rows` traces, `flush_seconds` after the first unflushed one (a timer), and on `flush()`, `close()`, the
 end of a `with` block and interpreter exit (`atexit`): a trace is durable once a flush put it, not when
 `write` returns. `update`/`modify`/`label` append patches to the side buffer the same way; `record_outcome(s)`
@@ -32,18 +32,19 @@ from typing import Any
 import numpy as np
 
 from flowrl.errors import ConfigError, SchemaError, StoreError
-from flowrl.facts import is_manual_label
-from flowrl.outcomes import HostOutcome
-from flowrl.schema import ExecutionTrace
-from flowrl.segments import lifecycle, names, plain
-from flowrl.segments.catalog import Catalog, Ref, ScanStats, SegmentRows
-from flowrl.segments.columns import ColumnRows, scan
-from flowrl.segments.format import encode
-from flowrl.segments.fs import Root, RootURL, protocols
-from flowrl.segments.problems import ProblemRecords
-from flowrl.segments.pushdown import row_filter
-from flowrl.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
-from flowrl.store import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
+from flowrl.store.files import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
+from flowrl.store.segments import lifecycle, names, sideview
+from flowrl.store.segments.catalog import Catalog, Ref, ScanStats, SegmentRows
+from flowrl.store.segments.columns import ColumnRows, scan
+from flowrl.store.segments.format import encode
+from flowrl.store.segments.fs import Root, RootURL, protocols
+from flowrl.store.segments.problems import ProblemRecords
+from flowrl.store.segments.pushdown import row_filter
+from flowrl.store.segments.sidecar import REVIEW_FIELDS, Record, diff, outcome_line, patch_line
+from flowrl.trace.facts import is_manual_label
+from flowrl.trace.load import stored_dict
+from flowrl.trace.outcomes import HostOutcome
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +130,14 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         """Record the fields of `trace` that differ from the stored copy as a patch (a new trace is written).
 
         A person's label on the stored copy is kept when `trace` has none (as `TraceStore.update`); reads
-        keep it too when the patches of several hosts meet (`flowrl.segments.sidecar`)."""
+        keep it too when the patches of several hosts meet (`flowrl.store.segments.sidecar`)."""
         with self._lock:
             try:
                 stored = self.get(trace.trace_id)
             except StoreError:
                 return self.write(trace)
             manual = is_manual_label(trace)
-            fields = diff(stored.to_dict(), trace.to_dict())
+            fields = diff(stored_dict(stored), stored_dict(trace))
             if not manual and is_manual_label(stored):
                 for name in REVIEW_FIELDS:
                     fields.pop(name, None)
@@ -148,9 +149,9 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         threads; other processes' patches merge with it field by field on read. Returns the trace as changed."""
         with self._lock:
             trace = self.get(trace_id)
-            before = trace.to_dict()
+            before = stored_dict(trace)
             change(trace)
-            self._patch(trace_id, trace, diff(before, trace.to_dict()), is_manual_label(trace))
+            self._patch(trace_id, trace, diff(before, stored_dict(trace)), is_manual_label(trace))
         return trace
 
     def label(self, trace_id: str, label: bool, notes: str = "") -> ExecutionTrace:
@@ -305,7 +306,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         return trace
 
     def _legacy_outcomes(self, trace_id: str, skip: Callable[[str, str], None]) -> list[HostOutcome]:
-        from flowrl.store_outcomes import read_outcomes
+        from flowrl.store.outcomes import read_outcomes
 
         return read_outcomes(Path(self._root.path), trace_id, lambda path, message: skip(str(path), message))
 
@@ -359,7 +360,7 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
 
     def scan_columns(self, flt: TraceFilter | None, columns: list[str]) -> Iterator[ColumnRows]:
         """The stored traces in `iter_paths` order, a segment's rows at a time with `columns` of them
-        (`flowrl.segments.columns`), rows `flt`'s columns rule out left out; refs without columns are read
+        (`flowrl.store.segments.columns`), rows `flt`'s columns rule out left out; refs without columns are read
         whole with `read_path`."""
         return scan(self._catalog, self._winners(flt, self._begin()), columns)
 
@@ -381,9 +382,10 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
 
     def merged_columns(self, ids: list[str], base: Any) -> tuple[Any, dict[str, list[Any]] | None]:
         """Label and score columns of rows with side records (`base`, a pyarrow table) with each trace's patch
-        merged where its only record is a plain one, as a scored store's are (`flowrl.segments.plain.merge_columns`:
-        which rows, and the columns as lists); the others go through `merged_fields` one by one."""
-        return plain.merge_columns(self._catalog.view, ids, base, self._catalog.legacy_outcome_ids)
+        merged where its only record is a plain one, as a scored store's are
+        (`flowrl.store.segments.sideview.merge_columns`: which rows, and the columns as lists); the others go through
+        `merged_fields` one by one."""
+        return sideview.merge_columns(self._catalog.view, ids, base, self._catalog.legacy_outcome_ids)
 
     def count(self) -> int:
         self.flush()

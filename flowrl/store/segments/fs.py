@@ -5,7 +5,7 @@
 sees the whole object or none, and a name is never reused. An object store gets one whole-object PUT
 (`pipe_file`; S3 PUT is atomic, so a listing never shows part of an object) with `mode="create"` (S3
 `If-None-Match: *`), so an existing object is refused, not replaced; a filesystem that cannot refuse still gets
-a name no other writer draws (see `flowrl.segments.names`).
+a name no other writer draws (see `flowrl.store.segments.names`).
 
 **Listings are fresh and hostile-safe.** Cached listings are dropped before each one (s3fs caches them), links
 and anything that is not a regular file or folder are reported, never opened; local files are read with
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.store_index import STAGING, read_regular_file, sync_folder
+from flowrl.store.index import STAGING, read_regular_file, sync_folder
 
 Skip = Callable[[str, str], None]
 """Told of each entry a listing passes over: its location and a message naming it and what to do."""
@@ -197,7 +197,7 @@ class Root:
 
     def walk_partitions(self, kind: str, skip: Skip | None) -> Iterator[tuple[str | None, Entry]]:
         """`(day or None, folder)` for each entry under `{root}/{kind}` (None: not a `date=` partition)."""
-        from flowrl.segments.names import day_of_partition
+        from flowrl.store.segments.names import day_of_partition
 
         folders, files = self.listdir(self.join(kind), skip)
         for f in files:

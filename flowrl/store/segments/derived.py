@@ -3,7 +3,7 @@ build reads besides the filter columns. A columnar build (`flowrl.data.columnar`
 never parses a trace's JSON; a row without them (a segment-v1 file, a trace whose chat could not be derived)
 is built from its trace as before.
 
-Columns, all from `flowrl.conversation.trace_conversation(trace)` with tool-call arguments as dicts (what every
+Columns, all from `flowrl.trace.conversation.trace_conversation(trace)` with tool-call arguments as dicts (what every
 builder but an `arguments_as="string"` one trains on):
 
     conv_messages   list<string>  each message as compact JSON (orjson), as a dataset row holds it
@@ -13,10 +13,10 @@ builder but an `arguments_as="string"` one trains on):
     conv_tools      string        the tool schemas as JSON
     conv_key        binary        `conversation_key` (what a build dedupes on)
     conv_synthesized, conv_tool_calls   bool
-    query_key       string        `flowrl.facts.query_key(user_query)` (the dataset builder's task key)
+    query_key       string        `flowrl.trace.facts.query_key(user_query)` (the dataset builder's task key)
     group_key       string        the trace's own group key
     manual_review   bool
-    rewards         string        the rewards as JSON (`flowrl.facts.label_for` reads the correctness ones)
+    rewards         string        the rewards as JSON (`flowrl.trace.facts.label_for` reads the correctness ones)
     llm_calls       int32         how many LLM calls with ids the trace holds (a build reads those from the trace)
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
-from flowrl.conversation import conversation_key, message_chars, trace_conversation
-from flowrl.facts import query_key
-from flowrl.schema import ExecutionTrace
+from flowrl.trace.conversation import conversation_key, message_chars, trace_conversation
+from flowrl.trace.facts import query_key
+from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
 

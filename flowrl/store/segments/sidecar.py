@@ -7,10 +7,10 @@ fields of a patch (any trace field), and a person can read it with `cat`. Two ki
 - `{"kind": "patch", "trace_id", "at", "manual", "fields": {name: value}}`: the top-level trace fields that
   `update`, `modify` or `label` changed (`rewards`, `reward_score`, `label`, ...). `manual` says the patch
   leaves a person's label on the trace.
-- `{"kind": "outcome", "trace_id", "at", "outcome": {...}}`: a host outcome (`flowrl.outcomes.HostOutcome`),
-  the segment store's counterpart of `flowrl.store_outcomes` (same validation and size limit per record).
+- `{"kind": "outcome", "trace_id", "at", "outcome": {...}}`: a host outcome (`flowrl.trace.outcomes.HostOutcome`),
+  the segment store's counterpart of `flowrl.store.outcomes` (same validation and size limit per record).
 
-Every record of a store is held by `flowrl.segments.sideview.SideView` (compactly: a scored store has one per
+Every record of a store is held by `flowrl.store.segments.sideview.SideView` (compactly: a scored store has one per
 trace) and merged on read with `apply` and `patched_fields`.
 
 **Merge on read.** A trace's patches are applied to its stored row in order of `at` (the writer's clock, in
@@ -30,10 +30,11 @@ import orjson
 from pydantic import ValidationError
 
 from flowrl.errors import SchemaError
-from flowrl.facts import manual_label
-from flowrl.outcomes import HostOutcome
-from flowrl.schema import ExecutionTrace, load_trace
-from flowrl.store_outcomes import MAX_LINE
+from flowrl.store.outcomes import MAX_LINE
+from flowrl.trace.facts import manual_label
+from flowrl.trace.load import load_trace, stored_dict
+from flowrl.trace.outcomes import HostOutcome
+from flowrl.trace.schema import ExecutionTrace
 
 REVIEW_FIELDS = ("label", "label_source", "manual_review", "review_notes")
 Skip = Callable[[str, str], None]
@@ -82,7 +83,7 @@ def apply(
     label kept), outcomes set."""
     patches = [(r, body) for r, body in entries if r.kind == "patch"]
     if patches:
-        data = trace.to_dict()
+        data = stored_dict(trace)
         _merge(data, patches)
         try:
             trace = load_trace(data, origin=f"{origin} with its side records")
@@ -134,7 +135,7 @@ def merge_patch(data: dict[str, Any], fields: dict[str, Any], manual: bool) -> N
 
 
 def _manual(data: dict[str, Any]) -> bool:
-    """Whether a trace dict carries a person's label (`flowrl.facts.manual_label` decides; a probe trace made with
+    """Whether a trace dict carries a person's label (`flowrl.trace.facts.manual_label` decides; a probe trace made with
     pydantic's `model_construct` cost 3 ms a patch, an hour for a million scored traces)."""
     return manual_label(data.get("label"), data.get("label_source"), bool(data.get("manual_review")))
 

@@ -1,0 +1,1 @@
+"""The example agent and `flowrl demo`: they use the library; nothing but the CLI imports them."""
