@@ -48,11 +48,14 @@ test: system-deps setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not integration"
 
-# ruff (lint and the format check) and mypy (configured in pyproject.toml): what .ci/run runs before the tests
+# ruff (lint and the format check), mypy and import-linter's layer contracts (all in pyproject.toml): what .ci/run
+# runs before the tests
 lint: setup
-	$(BIN)/ruff check flowrl tests bench hooks
-	$(BIN)/ruff format --check flowrl tests bench hooks
+	$(BIN)/ruff check flowrl tests bench hooks scripts
+	$(BIN)/ruff format --check flowrl tests bench hooks scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python scripts/check_local_imports.py flowrl
 
 demo: system-deps setup
 	$(BIN)/flowrl demo

@@ -276,7 +276,7 @@ def part2(rate: float, seconds: float, events_per_run: int, root: Path) -> dict[
 def writer_cpu(events_per_run: int, runs: int, root: Path) -> dict[str, float]:
     """CPU time of the writer's own steps per trace, measured on one thread (independent of load):
     build, mask, rebuild messages, validate, serialise. The store's write (fsync) is reported apart."""
-    from flowrl.capture.assemble import complete_trace
+    from flowrl.capture.assemble import build_trace, complete_trace
     from flowrl.capture.masking import redact_trace
     from flowrl.store.files import dumps
     from flowrl.trace.load import load_trace
@@ -293,7 +293,7 @@ def writer_cpu(events_per_run: int, runs: int, root: Path) -> dict[str, float]:
     asyncio.run(produce())
     redactor, store = hook.registration.redactor, hook.store
     t = time.thread_time()
-    traces = [load_trace(complete_trace(redact_trace(redactor, r.build()))) for r in records]
+    traces = [load_trace(complete_trace(redact_trace(redactor, build_trace(r)))) for r in records]
     for trace in traces:
         dumps(trace)
     python_s = (time.thread_time() - t) / len(records)

@@ -58,7 +58,7 @@ def _targets() -> list[tuple[str, str]]:
 
 def _hook_instance(agent: Any) -> None:
     try:
-        from flowrl.capture import hook_into_agent
+        from flowrl.capture import hook_into_agent  # lazy: sitecustomize imports this module in every process
 
         store = os.environ.get("FLOWRL_STORE") or None
         options: dict[str, Any] = {}
@@ -97,7 +97,7 @@ def _capture_llm_calls(module: Any) -> None:
     if llm_calls is not None:
         return
     try:
-        from flowrl.capture.grouping import capture_llm_calls
+        from flowrl.capture.grouping import capture_llm_calls  # lazy: as above, only when asked for
 
         llm_calls = capture_llm_calls(os.environ.get("FLOWRL_STORE") or None)
     except Exception:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from flowrl.cli import app
 from flowrl.trace.facts import ToolTally, TraceFacts
 from flowrl.trace.schema import SCHEMA_VERSION, ExecutionTrace, LLMCall, ReasoningStep, ToolCallTrace
 
@@ -129,8 +130,6 @@ re-judged by the one rule (a `"{{'success': False, ...}}"` result is a failure) 
 
 def cli_md() -> str:
     import typer
-
-    from flowrl.cli import app
 
     root = typer.main.get_command(app)  # typer ships its own click: only duck typing below
     out = [

@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrl.errors import ConfigError
+from flowrl.errors import ConfigError, require
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,6 @@ class MethodSpec:
         return getattr(importlib.import_module(module), name)
 
     def trl_classes(self) -> tuple[type, type]:
-        from flowrl.errors import require
-
         require("trl")
         module = importlib.import_module(self.trl_module)
         return getattr(module, self.trl_config), getattr(module, self.trl_trainer)

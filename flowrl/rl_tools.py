@@ -40,6 +40,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from flowrl.export.agent import ollama_model, restore_model, use_model
+from flowrl.export.pipeline import ExportPipeline
+
 RUN_FILE = "flowrl_run.json"
 
 
@@ -217,8 +220,6 @@ class RLTools:
         """Point the agent at a trained model (exporting it to Ollama first if needed), or at 'original'."""
         if self.agent is None:
             return "✗ no agent to switch"
-        from flowrl.export.agent import ollama_model, restore_model, use_model
-
         if model_name in ("original", "base", "default"):
             if self._original is None:
                 return "The agent already uses its original model."
@@ -244,8 +245,6 @@ class RLTools:
         return f"✓ the agent now uses ollama/{ollama} (switch_rl_model('original') switches back)"
 
     def _export(self, name: str, record: dict[str, Any]) -> tuple[str | None, str]:
-        from flowrl.export.pipeline import ExportPipeline
-
         ollama = f"flowrl-{name}"
         result = ExportPipeline(
             record.get("output_dir") or self.runs_dir / name / "train",

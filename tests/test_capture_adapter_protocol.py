@@ -11,7 +11,8 @@ import pytest
 
 from flowrl.capture import hook as hook_module
 from flowrl.capture import hook_into_agent
-from flowrl.capture.events import Adapter, PatchSpec, ToolEvent, guarded_call
+from flowrl.capture.adapter import Adapter, PatchSpec, guarded_call
+from flowrl.capture.events import ToolEvent
 from flowrl.capture.generic import run_handler
 from flowrl.capture.recorder import Frame, perf_counter, timed
 
@@ -63,7 +64,7 @@ class CrewAdapter:
 def crew_adapter(monkeypatch: pytest.MonkeyPatch) -> CrewAdapter:
     adapter = CrewAdapter()
     _typed: Adapter = adapter  # a Protocol: satisfied by shape, nothing to inherit
-    monkeypatch.setitem(hook_module.ADAPTERS, "crew", lambda: adapter)
+    monkeypatch.setitem(hook_module.ADAPTERS, "crew", adapter)
     return adapter
 
 

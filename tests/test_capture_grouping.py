@@ -14,8 +14,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from flowrl.capture import capture_llm_calls, hook_into_agent  # noqa: E402
-from flowrl.capture import openai_client as oc  # noqa: E402
+from flowrl.capture import (  # noqa: E402
+    capture_llm_calls,
+    client_patch,  # noqa: E402
+    hook_into_agent,
+)
 from flowrl.capture.grouping import GROUPED  # noqa: E402
 from flowrl.errors import ConfigError  # noqa: E402
 from flowrl.trace.transcript import canonical_messages  # noqa: E402
@@ -159,13 +162,13 @@ def test_idle_timeout_finishes_a_conversation(tmp_path, server) -> None:
 def test_flush_and_unhook_write_the_open_conversations(tmp_path, server) -> None:
     client = _client(server)
     capture = capture_llm_calls(tmp_path, clock=Clock())
-    assert oc.patched("openai")
+    assert client_patch.patched("openai")
     Conversation(client, "one").step()
     assert len(flushed(capture)) == 1 and capture.open == 0
     Conversation(client, "two").step()
     assert capture.open == 1
     capture.unhook()
-    assert not oc.patched("openai")
+    assert not client_patch.patched("openai")
     assert sorted(t["user_query"] for t in stored(tmp_path)) == ["one", "two"]
     Conversation(client, "three").step()  # unhooked: not recorded
     assert len(stored(tmp_path)) == 2

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from flowrl.capture import TraceCollector, hook_into_agent
+from flowrl.capture.assemble import build_trace
 from flowrl.trace.redact import MASK_FAILED
 from tests.fakes import flushed, stored
 from tests.fakes.fake_flowagent import make_agent, tc, turn
@@ -503,7 +504,7 @@ def test_a_50mb_value_reaches_the_writer_already_bounded(tmp_path) -> None:
     records: list[Any] = []
     real_submit = hook.registration.submit
     hook.registration.submit = lambda rec: (  # type: ignore[method-assign]
-        records.append(rec.build()),
+        records.append(build_trace(rec)),
         real_submit(rec),
     )[1]
     try:

@@ -37,9 +37,8 @@ try:
 finally:
     socket.socket.connect = _REAL_CONNECT  # type: ignore[method-assign]
 
-from flowrl.capture import hook_into_agent  # noqa: E402
+from flowrl.capture import client_patch, hook_into_agent  # noqa: E402
 from flowrl.capture import litellm_client as lc  # noqa: E402
-from flowrl.capture import openai_client as oc  # noqa: E402
 from flowrl.trace.transcript import canonical_messages  # noqa: E402
 from tests.fakes import flushed  # noqa: E402
 from tests.test_capture_openai import FINAL, TOOLS, _chat_chunks, _chat_reply  # noqa: E402
@@ -297,7 +296,7 @@ def test_litellm_through_the_openai_sdk_is_one_call(tmp_path, server, stream) ->
     through_sdk: list[int] = []
     agent = LiteAgent(_kw(server, azure=True), stream=stream)
     with hook_into_agent(agent, store=tmp_path, run_methods=["run"]) as hook:
-        assert oc.patched("openai") and oc.patched("litellm")
+        assert client_patch.patched("openai") and client_patch.patched("litellm")
         patch = vars(Completions)["create"]
         sdk_create = patch.__wrapped__
 
@@ -372,7 +371,7 @@ def test_unhook_restores_litellms_functions(tmp_path, server) -> None:
     a, b = LiteAgent(_kw(server)), LiteAgent(_kw(server))
     hook_a = hook_into_agent(a, store=tmp_path / "a", run_methods=["run"])
     patch = vars(litellm)["completion"]
-    assert patch is not before[0] and oc.patched("litellm")
+    assert patch is not before[0] and client_patch.patched("litellm")
     hook_b = hook_into_agent(b, store=tmp_path / "b", run_methods=["run"], llm_clients=["litellm"])
     assert vars(litellm)["completion"] is patch  # one patch, two users
     hook_a.unhook()
@@ -382,14 +381,14 @@ def test_unhook_restores_litellms_functions(tmp_path, server) -> None:
     hook_b.unhook()
     after = (vars(litellm)["completion"], vars(litellm)["acompletion"], vars(CustomStreamWrapper)["__next__"])
     assert after == before and all(x is y for x, y in zip(after, before, strict=True))  # the same objects
-    assert not oc.patched("litellm")
+    assert not client_patch.patched("litellm")
     assert a.run("What is 2 + 3?") == FINAL  # unhooked: nothing recorded, nothing raised
 
 
 def test_llm_clients_openai_only_leaves_litellm_alone(tmp_path, server) -> None:
     agent = LiteAgent(_kw(server))
     with hook_into_agent(agent, store=tmp_path, run_methods=["run"], llm_clients=["openai"]) as hook:
-        assert not oc.patched("litellm")
+        assert not client_patch.patched("litellm")
         agent.run("What is 2 + 3?")
         (trace,) = flushed(hook)
     assert trace["llm_calls"] == [] and trace["metadata"]["transcript"] == "synthesized"
@@ -435,7 +434,7 @@ def test_litellm_patched_once_the_host_imports_it(tmp_path, server, monkeypatch)
     try:
         with hook_into_agent(agent, store=tmp_path, run_methods=["run"], llm_clients=["litellm"]) as hook:
             assert "litellm (once imported)" in hook.methods and "litellm" not in sys.modules
-            assert litellm_client.LAZY in sys.meta_path and not oc.patched("litellm")
+            assert litellm_client.LAZY in sys.meta_path and not client_patch.patched("litellm")
             # what the host's `import litellm` runs (the package itself is not run again here: its loader is
             # LiteLLM's own, wrapped; we give it the already-built module back)
             spec = importlib.util.find_spec("litellm")
@@ -444,11 +443,11 @@ def test_litellm_patched_once_the_host_imports_it(tmp_path, server, monkeypatch)
             inner = spec.loader._loader
             monkeypatch.setattr(inner, "exec_module", lambda module: None, raising=False)
             spec.loader.exec_module(saved["litellm"])
-            assert oc.patched("litellm") and litellm_client.LAZY not in sys.meta_path
+            assert client_patch.patched("litellm") and litellm_client.LAZY not in sys.meta_path
             assert agent.run("What is 2 + 3?") == FINAL
             (trace,) = flushed(hook)
         assert [c["api"] for c in trace["llm_calls"]] == ["litellm.chat", "litellm.chat"]
-        assert not oc.patched("litellm")
+        assert not client_patch.patched("litellm")
     finally:
         sys.modules["litellm"] = saved["litellm"]
         litellm_client.LAZY.disarm()

@@ -17,7 +17,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from flowrl.capture import hook_into_agent  # noqa: E402
+from flowrl.capture import client_patch, hook_into_agent  # noqa: E402
 from flowrl.capture import openai_client as oc  # noqa: E402
 from flowrl.trace.transcript import canonical_messages  # noqa: E402
 from tests.fakes import flushed  # noqa: E402
@@ -500,7 +500,7 @@ def test_unhook_restores_the_sdk_and_two_hooks_share_one_patch(tmp_path, server)
     a, b = PlainAgent(_client(server)), PlainAgent(_client(server))
     hook_a = hook_into_agent(a, store=tmp_path / "a", run_methods=["run"])
     patch = vars(Completions)["create"]
-    assert patch is not before[0] and oc.patched()
+    assert patch is not before[0] and client_patch.patched("openai")
     hook_b = hook_into_agent(b, store=tmp_path / "b", run_methods=["run"])
     assert vars(Completions)["create"] is patch  # one patch, two users
     assert "openai.Completions.create" in hook_b.methods
@@ -510,7 +510,7 @@ def test_unhook_restores_the_sdk_and_two_hooks_share_one_patch(tmp_path, server)
     assert len(flushed(hook_b)) == 1
     hook_b.unhook()
     assert [vars(c)["create"] for c in classes] == before  # the same objects
-    assert not oc.patched()
+    assert not client_patch.patched("openai")
     a.run("What is 2 + 3?")  # unhooked: nothing recorded, nothing raised
 
 
@@ -519,7 +519,7 @@ def test_llm_clients_off_and_bad_values(tmp_path, server) -> None:
 
     agent = PlainAgent(_client(server))
     with hook_into_agent(agent, store=tmp_path, run_methods=["run"], llm_clients=[]) as hook:
-        assert not oc.patched()
+        assert not client_patch.patched("openai")
         agent.run("What is 2 + 3?")
         (trace,) = flushed(hook)
     assert trace["llm_calls"] == [] and trace["metadata"]["transcript"] == "synthesized"

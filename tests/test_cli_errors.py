@@ -19,6 +19,8 @@ CASES = [
     (["ingest", "--nosuchopt"], "--nosuchopt"),  # "No such option: --x" (vendored click) or "... '--x'." (click 8.5)
     (["traces"], "List, show, label and annotate stored traces"),
     (["train", "--max-steps", "many"], "Invalid value for '--max-steps'"),
+    # `flowrl eval` is greedy: its `--temperature` was accepted and never used (issue 35), now it is refused
+    (["eval", "--model", "m", "--agent", "example", "--temperature", "0.5"], "--temperature"),
 ]
 
 

@@ -26,6 +26,7 @@ from flowrl.capture import client_read
 from flowrl.capture.events import Event, LLMEvent, ToolEvent
 from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
+from flowrl.capture.tokens import token_info
 from flowrl.capture.values import Values, type_name, unserialisable
 from flowrl.trace.facts import reported_success, tool_failed
 from flowrl.trace.transcript import (
@@ -115,7 +116,7 @@ class _Builder:
             }
         )
 
-    def add_call(
+    def add_call(  # noqa: PLR0913  # one recorded call's fields, named at each call site
         self,
         t0: float | None,
         name: str,
@@ -360,8 +361,6 @@ def _llm_output(v: Values, out: Any) -> tuple[str | None, list[dict[str, Any]] |
 
 
 def _llm_call(ev: LLMEvent, v: Values | None = None) -> dict[str, Any]:
-    from flowrl.capture.tokens import token_info
-
     v = v or Values()
     out = ev.output
     try:
@@ -480,7 +479,7 @@ def values_for(hook: Any) -> Values:
     return Values(getattr(reg, "max_chars", DEFAULT_MAX_CHARS), getattr(reg, "premask", None))
 
 
-def build_trace(rec: RunRecord) -> dict[str, Any]:
+def build_trace(rec: RunRecord) -> dict[str, Any]:  # noqa: C901, PLR0915  # one run's record to the stored trace, in stored-field order
     """The trace dict of a finished run, every value in it JSON data (`Values`): a value that cannot be
     written is marked, never the whole trace lost for it."""
     hook = rec.hook

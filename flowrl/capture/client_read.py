@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture.events import LLMEvent
+from flowrl.capture.tokens import stream_token_info, token_info
 from flowrl.trace.transcript import content_text, field_of, responses_messages, tool_call_parts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -203,8 +204,6 @@ def _response_id(ev: LLMEvent) -> str | None:
 
 def call_entry(ev: LLMEvent, v: Values) -> dict[str, Any]:
     """The `llm_calls` entry of a client event."""
-    from flowrl.capture.tokens import stream_token_info, token_info
-
     message, usage, served, out = read_call(ev)
     tokens_in, tokens_out = _usage(usage)
     model = served or ev.model

@@ -40,8 +40,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.capture.assemble import complete_trace
+from flowrl.capture.assemble import build_trace, complete_trace
 from flowrl.capture.masking import redact_outcomes, redact_trace
+from flowrl.capture.recorder import RunRecord
 from flowrl.capture.registration import (
     BATCH_MAX,
     DEFAULT_EXIT_TIMEOUT,
@@ -53,6 +54,7 @@ from flowrl.capture.registration import (
     check_queue_size,
 )
 from flowrl.store.files import TraceStore
+from flowrl.store.opener import open_store
 from flowrl.trace.load import load_trace
 from flowrl.trace.outcomes import HostOutcome
 from flowrl.trace.redact import Redactor
@@ -138,8 +140,6 @@ def as_store(store: TraceStore | str | os.PathLike[str] | None) -> TraceStore:
     if callable(getattr(store, "write", None)) and callable(getattr(store, "flush", None)):
         return store  # type: ignore[return-value]  # a SegmentStore: the same writing API
     if isinstance(store, (str, os.PathLike)):
-        from flowrl.store.opener import open_store
-
         return open_store(store)  # type: ignore[return-value]
     raise TypeError(f"store must be a TraceStore, a SegmentStore, a folder or a URL, not {type(store).__name__}")
 
@@ -151,7 +151,8 @@ def _check_io_threads(io_threads: Any) -> None:
 
 class TraceCollector:
     """Queue + writer thread + I/O threads for one store. Hooks get one through `attach`; used directly,
-    `submit(record)` takes anything with `.build() -> dict` (a trace dict of JSON values), counted in this
+    `submit(record)` takes a captured run (`recorder.RunRecord`) or anything with `.build() -> dict` (a trace
+    dict of JSON values), counted in this
     collector's own `stats`."""
 
     def __init__(
@@ -531,7 +532,7 @@ class TraceCollector:
 
     def _build(self, record: Any, reg: Registration) -> ExecutionTrace | None:
         try:
-            data = record.build()
+            data = build_trace(record) if isinstance(record, RunRecord) else record.build()
             if reg.redactor is not None:
                 data = redact_trace(reg.redactor, data)
             return load_trace(complete_trace(data), origin="live capture")

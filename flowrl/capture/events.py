@@ -1,20 +1,13 @@
-"""Capture's internal protocol: what an adapter records during a run, and the one way it records a call.
-
-An adapter (one small file per framework: `flowagent.py`, `generic.py`) maps a framework's methods onto three
-things, all defined here:
+"""Capture's records: what an adapter records during a run, and what the recording side needs of a hook.
 
 - **events**, appended to the run's `RunRecord` on the host's side: a `ToolEvent` per tool call, an `LLMEvent`
   per model call. Plain slotted records holding the host's values as they came; nothing is copied, masked or
   serialised on the host (the writer thread does that in `assemble.py`, the only reader of events);
-- **`guarded_call`**, the handler every adapter's tool and LLM patches are made with: outside a run of this
-  hook it calls the host's method and nothing else; inside one it records an event (a failure there is
-  counted and the call goes on unrecorded), then hands the call to the adapter's `proceed`, which times it
-  (`recorder.timed`). The host's result and exceptions pass through unchanged;
-- **`Adapter`**, the interface `hook_into_agent` uses: `detects(agent)` and `plan(...)`, the list of
-  `PatchSpec`s to install.
+- `ErrorText` and `TextParts`: an exception's text and a streamed answer's chunks, joined on the writer thread;
+- **`HookPort`**: the hook's settings and callbacks that the recorder, the adapters and the writer use.
 
-A new framework adapter is a module with an `ADAPTER` object that satisfies `Adapter`, its handlers made with
-`guarded_call` and `recorder.run_frame`/`recorder.leave_frame` around the host's run (see `generic.py`).
+This module imports nothing of capture's: everything else of it is above it. How an adapter records a call
+(`guarded_call`, `PatchSpec`, `Adapter`) is `flowrl.capture.adapter`.
 """
 
 from __future__ import annotations
@@ -22,11 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:  # pragma: no cover
-    from flowrl.capture.hook import Hook
-    from flowrl.capture.recorder import ErrorText, Frame
+from typing import Any, Protocol
 
 ToolSource = str  # "engine" (FlowAgent's _execute_tool_call), "function" (arun_function), "generic"
 
@@ -93,73 +82,54 @@ class LLMEvent:
 
 Event = ToolEvent | LLMEvent
 
-# record(frame, instance, args, kwargs) -> the event to time, already added to the run (or attached to its
-# parent), or None when the run takes no more events
-Record = Callable[["Frame", Any, tuple[Any, ...], dict[str, Any]], Event | None]
-# proceed(frame, event, wrapped, instance, args, kwargs) -> the host's return value, the call timed into event
-Proceed = Callable[["Frame", Any, Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+class ErrorText:
+    """An exception's `Type: message`, joined on the writer thread (`values.Values.text`): joining a long
+    message on the host would copy all of it there. `message` is the text, or, when `str(exc)` raised,
+    the exception's lone argument (the writer says what it was)."""
+
+    __slots__ = ("message", "name")
+
+    def __init__(self, name: str, message: Any) -> None:
+        self.name = name
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"ErrorText({self.name!r}, <{type(self.message).__name__}>)"
 
 
-def guarded_call(hook: Hook, where: str, record: Record, proceed: Proceed | None = None) -> Callable[..., Any]:
-    """A wrapt handler for a tool or LLM method (see the module docstring). Without `proceed`, the host's
-    coroutine is awaited and timed into the event (`recorder.timed`, no frame: nothing nests into the call)."""
-    from flowrl.capture.recorder import enter_llm, frame_of, leave_llm, timed
+class TextParts:
+    """A streamed answer's text chunks, joined (or cut to `max_chars`) on the writer thread."""
 
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        frame = frame_of(hook)
-        if frame is None:
-            return wrapped(*args, **kwargs)
-        try:
-            event = record(frame, instance, args, kwargs)
-        except Exception as exc:
-            hook.fail(f"{where}: recording a call", exc)
-            event = None
-        if event is None:
-            return wrapped(*args, **kwargs)
-        if proceed is None:  # the common case, inline: one call fewer on the hot path
-            return timed(hook, None, event, wrapped(*args, **kwargs))
-        if event.__class__ is not LLMEvent:
-            return proceed(frame, event, wrapped, instance, args, kwargs)
-        token = enter_llm((frame[0], event))  # a plain LLM method: the client calls it makes attach to it
-        try:
-            return proceed(frame, event, wrapped, instance, args, kwargs)
-        finally:
-            leave_llm(token)
+    __slots__ = ("parts",)
 
-    return handler
+    def __init__(self, parts: list[str]) -> None:
+        self.parts = parts
 
 
-@dataclass(frozen=True, slots=True)
-class PatchSpec:
-    """One method to patch: `owner.attr`, with `handler`. `via` names the attribute of the patched object that
-    leads to the hooked agent (FlowAgent's engine: "agent"); None when the object is the agent itself."""
+class HookPort(Protocol):
+    """What the recording side (the recorder, the adapters, the client patches, the writer's `assemble`) needs
+    of a `flowrl.capture.hook.Hook`: its settings, and where a failure, a finished run or an outcome goes. The
+    hook satisfies it; the modules below the hook name only this, so none of them imports the hook."""
 
-    owner: type
-    attr: str
-    via: str | None
-    handler: Callable[..., Any]
+    agent_name: str | None
+    source: str
+    metadata: dict[str, Any]
+    max_events: int
+    llm_clients: frozenset[str]
 
-
-class Adapter(Protocol):
-    """A framework adapter: which agents it knows, and what to patch on one."""
-
-    name: str
-
-    def detects(self, agent: Any) -> bool:
-        """Is this a kind of agent this adapter knows without being told its methods?"""
+    @property
+    def active(self) -> bool:
+        """Is the hook installed (not yet unhooked)?"""
         ...
 
-    def plan(
-        self,
-        agent: Any,
-        hook: Hook,
-        *,
-        run_methods: list[str] | None,
-        tool_methods: list[str] | None,
-        llm_methods: list[str] | None,
-    ) -> list[PatchSpec]:
-        """The patches for this agent; the method lists are the user's (None: the adapter's defaults)."""
-        ...
+    def fail(self, where: str, exc: BaseException) -> None: ...
+
+    def unattributed(self) -> None: ...
+
+    def finish(self, rec: Any) -> None: ...
+
+    def defer(self, rec: Any, task: Any, refresh: Callable[[], Any]) -> None: ...
 
 
-__all__ = ["Adapter", "Event", "LLMEvent", "PatchSpec", "ToolEvent", "guarded_call"]
+__all__ = ["ErrorText", "Event", "HookPort", "LLMEvent", "TextParts", "ToolEvent"]

@@ -21,10 +21,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flowrl.capture import generic
-from flowrl.capture.events import LLMEvent, PatchSpec, ToolEvent, guarded_call
+from flowrl.capture.adapter import PatchSpec, guarded_call
+from flowrl.capture.events import HookPort, LLMEvent, ToolEvent
 from flowrl.capture.recorder import (
     Frame,
     RunRecord,
@@ -37,9 +38,6 @@ from flowrl.capture.recorder import (
     timed,
     wrap_stream_function,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from flowrl.capture.hook import Hook
 
 ENGINE_TOOL = "_execute_tool_call"
 TOOL_METHOD = "arun_function"
@@ -172,7 +170,7 @@ def _ctx_in(out: Any) -> Any:
     return None
 
 
-def _finish(hook: Hook, rec: RunRecord, agent: Any, ctx: Any) -> None:
+def _finish(hook: HookPort, rec: RunRecord, agent: Any, ctx: Any) -> None:
     """Hand the run to the writer, or, when FlowAgent still has to commit it (its status stays
     "running" until the background commit of `persist_blocking=False` runs), when that commit is done."""
     try:
@@ -194,7 +192,7 @@ def _finish(hook: Hook, rec: RunRecord, agent: Any, ctx: Any) -> None:
 # -- handlers -------------------------------------------------------------------------------------
 
 
-def _a_run_handler(hook: Hook) -> Callable[..., Any]:
+def _a_run_handler(hook: HookPort) -> Callable[..., Any]:
     def finish(rec: RunRecord, agent: Any, out: Any = None, exc: BaseException | None = None) -> None:
         ctx = None
         try:
@@ -246,7 +244,7 @@ def _a_run_handler(hook: Hook) -> Callable[..., Any]:
     return handler
 
 
-def _a_stream_handler(hook: Hook) -> Callable[..., Any]:
+def _a_stream_handler(hook: HookPort) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             if inside_run_of(hook):
@@ -268,7 +266,7 @@ def _a_stream_handler(hook: Hook) -> Callable[..., Any]:
     return handler
 
 
-def _stream_callbacks(hook: Hook, rec: RunRecord, agent: Any, session_id: Any) -> tuple[Any, Any, Any]:
+def _stream_callbacks(hook: HookPort, rec: RunRecord, agent: Any, session_id: Any) -> tuple[Any, Any, Any]:
     def on_start() -> None:
         try:
             rec.pre = _snapshot(agent, session_id)
@@ -305,7 +303,7 @@ def _stream_callbacks(hook: Hook, rec: RunRecord, agent: Any, session_id: Any) -
     return on_start, on_item, on_end
 
 
-def _engine_tool_handler(hook: Hook) -> Callable[..., Any]:
+def _engine_tool_handler(hook: HookPort) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         tool_call = args[1] if len(args) > 1 else kwargs.get("tool_call")
         ev = ToolEvent("engine", perf_counter(), None, None, (), None, None, tool_call)  # positional: the hot path
@@ -319,7 +317,7 @@ def _engine_tool_handler(hook: Hook) -> Callable[..., Any]:
     return guarded_call(hook, ENGINE_TOOL, record, proceed)
 
 
-def _function_handler(hook: Hook) -> Callable[..., Any]:
+def _function_handler(hook: HookPort) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolEvent | None:
         name = args[0] if args else kwargs.get("function_name")
         ev = ToolEvent("function", perf_counter(), name, None, (), kwargs)  # positional: the hot path
@@ -332,7 +330,7 @@ def _function_handler(hook: Hook) -> Callable[..., Any]:
     return guarded_call(hook, TOOL_METHOD, record)
 
 
-def _llm_handler(hook: Hook, marks: TokenMarks) -> Callable[..., Any]:
+def _llm_handler(hook: HookPort, marks: TokenMarks) -> Callable[..., Any]:
     def record(frame: Frame, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
         stream = kwargs.get("stream")
         if stream is None:
@@ -385,7 +383,7 @@ class FlowAgentAdapter:
     def plan(
         self,
         agent: Any,
-        hook: Hook,
+        hook: HookPort,
         *,
         run_methods: list[str] | None,
         tool_methods: list[str] | None,

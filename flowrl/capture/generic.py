@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flowrl.capture.events import Event, LLMEvent, PatchSpec, ToolEvent, guarded_call
+from flowrl.capture.adapter import PatchSpec, guarded_call
+from flowrl.capture.events import Event, HookPort, LLMEvent, TextParts, ToolEvent
 from flowrl.capture.recorder import (
     Frame,
     RunRecord,
-    TextParts,
     describe_exc,
     enter_frame,
     inside_run_of,
@@ -35,9 +35,6 @@ from flowrl.capture.recorder import (
     relay,
     timed,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from flowrl.capture.hook import Hook
 
 QUERY_KEYS = ("query", "prompt", "input", "message", "task", "text")
 SESSION_KEYS = ("session_id", "session")
@@ -57,7 +54,7 @@ def _session(kwargs: dict[str, Any]) -> Any:
     return "default"
 
 
-def run_handler(hook: Hook, method: str, adapter: str = "generic") -> Callable[..., Any]:
+def run_handler(hook: HookPort, method: str, adapter: str = "generic") -> Callable[..., Any]:
     def finish(rec: RunRecord, out: Any = None, exc: BaseException | None = None) -> None:
         try:
             if exc is not None:
@@ -137,7 +134,7 @@ def is_cancel(exc: BaseException) -> bool:
 
 
 def call_handler(
-    hook: Hook, method: str, kind: str, sig: inspect.Signature | None = None, is_coro: bool = False
+    hook: HookPort, method: str, kind: str, sig: inspect.Signature | None = None, is_coro: bool = False
 ) -> Callable[..., Any]:
     """A tool (`kind="tool"`) or LLM (`kind="llm"`) method of a generic agent. `sig` (without `self`)
     lets the writer name the arguments; `is_coro` (an `async def` method) skips what only plain
@@ -188,7 +185,7 @@ class GenericAdapter:
     def plan(
         self,
         agent: Any,
-        hook: Hook,
+        hook: HookPort,
         *,
         run_methods: list[str] | None,
         tool_methods: list[str] | None,
@@ -201,11 +198,11 @@ class GenericAdapter:
         return specs
 
 
-def tool_handler(hook: Hook, cls: type, name: str) -> Callable[..., Any]:
+def tool_handler(hook: HookPort, cls: type, name: str) -> Callable[..., Any]:
     return call_handler(hook, name, "tool", method_signature(cls, name), is_coroutine_method(cls, name))
 
 
-def llm_handler(hook: Hook, cls: type, name: str) -> Callable[..., Any]:
+def llm_handler(hook: HookPort, cls: type, name: str) -> Callable[..., Any]:
     return call_handler(hook, name, "llm", None, is_coroutine_method(cls, name))
 
 

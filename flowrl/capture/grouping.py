@@ -29,19 +29,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from flowrl.capture import client_read
-from flowrl.capture import openai_client as oc
+from flowrl.capture import client_patch, client_read
+from flowrl.capture.client_read import RESPONSES
 from flowrl.capture.collector import (
-    DEFAULT_EXIT_TIMEOUT,
-    DEFAULT_IO_THREADS,
-    DEFAULT_MAX_CHARS,
-    DEFAULT_QUEUE_SIZE,
     attach,
 )
 from flowrl.capture.events import LLMEvent
-from flowrl.capture.hook import Hook, _clients, capture_options
+from flowrl.capture.hook import Hook
+from flowrl.capture.options import CaptureOptions, capture_options
 from flowrl.capture.recorder import RunRecord, current_llm
 from flowrl.errors import ConfigError
 from flowrl.store.files import TraceStore
@@ -90,7 +88,7 @@ def _feed(state: Any, message: Any) -> None:
 
 def _request(api: str, kwargs: dict[str, Any]) -> list[Any] | None:
     """A call's request as chat messages, without consuming anything the SDK would (a generator: None)."""
-    if api == oc.RESPONSES:
+    if api == RESPONSES:
         items = kwargs.get("input")
         if items is not None and not isinstance(items, (list, tuple, str)):
             return None
@@ -142,30 +140,9 @@ class CallCapture(Hook):
     finished yet), `expire()` (finish the idle ones now), `with capture: ...`. A `Hook` with no agent."""
 
     def __init__(
-        self,
-        registration: Any,
-        *,
-        idle_s: float,
-        max_open: int,
-        clock: Callable[[], float],
-        agent_name: str,
-        metadata: dict[str, Any] | None,
-        max_events: int,
-        options: dict[str, Any],
-        source: str,
-        on_trace: Callable[[Any], None] | None,
+        self, registration: Any, options: CaptureOptions, *, idle_s: float, max_open: int, clock: Callable[[], float]
     ) -> None:
-        super().__init__(
-            None,
-            registration,
-            adapter=ADAPTER,
-            agent_name=agent_name,
-            metadata=metadata,
-            max_events=max_events,
-            options=options,
-            source=source,
-            on_trace=on_trace,
-        )
+        super().__init__(None, registration, options)
         self.idle_s = idle_s
         self.max_open = max_open
         self.clock = clock
@@ -199,7 +176,7 @@ class CallCapture(Hook):
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
-            oc.set_grouper(_ACTIVE[0] if _ACTIVE else None)
+            client_patch.set_grouper(_ACTIVE[0] if _ACTIVE else None)
         self._stop.set()
         self._release_patches()
         self._finish_all()
@@ -340,25 +317,23 @@ def _first_user(canon: list[Any]) -> str | None:
     return None
 
 
-OPTIONS = frozenset(
-    {
-        "idle_s",
-        "max_open",
-        "llm_clients",
-        "agent_name",
-        "metadata",
-        "mask",
-        "redact",
-        "max_chars",
-        "max_events_per_run",
-        "queue_size",
-        "exit_timeout",
-        "io_threads",
-        "source",
-        "on_trace",
-        "clock",
-    }
+# capture_llm_calls' own options, and those it shares with hook_into_agent (checked as CaptureOptions)
+OWN_OPTIONS = ("idle_s", "max_open", "clock")
+SHARED_OPTIONS = (
+    "llm_clients",
+    "agent_name",
+    "metadata",
+    "mask",
+    "redact",
+    "max_chars",
+    "max_events_per_run",
+    "queue_size",
+    "exit_timeout",
+    "io_threads",
+    "source",
+    "on_trace",
 )
+OPTIONS = frozenset((*OWN_OPTIONS, *SHARED_OPTIONS))
 
 
 def capture_llm_calls(store: TraceStore | str | os.PathLike[str] | None = None, **options: Any) -> CallCapture:
@@ -386,42 +361,22 @@ def capture_llm_calls(store: TraceStore | str | os.PathLike[str] | None = None, 
     max_open = options.get("max_open", DEFAULT_MAX_OPEN)
     if isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1:
         raise ConfigError(f"max_open must be a positive integer, not {max_open!r}")
-    max_events, mask, source, on_trace = capture_options(options)
     clock = options.get("clock") or time.monotonic
     if not callable(clock):
         raise ConfigError("clock must be a callable returning seconds")
-    clients = _clients(options.get("llm_clients", "auto"))
+    shared = capture_options({k: v for k, v in options.items() if k in SHARED_OPTIONS})
+    opts = replace(shared, adapter=ADAPTER, agent_name=str(shared.agent_name or ADAPTER))
+    clients = opts.clients
     if not clients:
         raise ConfigError("capture_llm_calls: no LLM client library to capture (install openai or litellm)")
-    agent_name = str(options.get("agent_name") or ADAPTER)
     with _ACTIVE_LOCK:
         if _ACTIVE:
             raise ConfigError("capture_llm_calls is already active in this process: unhook() it first")
     try:
-        exit_timeout = float(options.get("exit_timeout", DEFAULT_EXIT_TIMEOUT))
-        registration = attach(
-            store,
-            io_threads=options.get("io_threads", DEFAULT_IO_THREADS),
-            mask=mask,
-            queue_size=options.get("queue_size", DEFAULT_QUEUE_SIZE),
-            redact=bool(options.get("redact", True)),
-            max_chars=options.get("max_chars", DEFAULT_MAX_CHARS),
-            exit_timeout=exit_timeout,
-        )
+        registration = attach(store, **opts.writer())
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"capture_llm_calls: {exc}") from exc
-    capture = CallCapture(
-        registration,
-        idle_s=float(idle_s),
-        max_open=max_open,
-        clock=clock,
-        agent_name=agent_name,
-        metadata=dict(options.get("metadata") or {}),
-        max_events=max_events,
-        options={"llm_clients": clients, "idle_s": idle_s, "max_open": max_open},
-        source=source,
-        on_trace=on_trace,
-    )
+    capture = CallCapture(registration, opts, idle_s=float(idle_s), max_open=max_open, clock=clock)
     with _ACTIVE_LOCK:
         if _ACTIVE:  # another thread, meanwhile
             registration.close(0)
@@ -434,7 +389,7 @@ def capture_llm_calls(store: TraceStore | str | os.PathLike[str] | None = None, 
             raise ConfigError("capture_llm_calls: the LLM client library could not be patched (see the log)")
         capture.methods.append(f"grouping by {GROUPED}")
         _ACTIVE.append(capture)
-        oc.set_grouper(capture)
+        client_patch.set_grouper(capture)
     capture._start_timer()
     return capture
 

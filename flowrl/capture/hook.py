@@ -19,14 +19,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
-from flowrl.capture import _patch
+from flowrl.capture import _patch, flowagent, generic
+from flowrl.capture import clients as clients_table
+from flowrl.capture import options as options_table
+from flowrl.capture.adapter import Adapter, PatchSpec
 from flowrl.capture.collector import (
-    DEFAULT_EXIT_TIMEOUT,
-    DEFAULT_IO_THREADS,
-    DEFAULT_MAX_CHARS,
-    DEFAULT_QUEUE_SIZE,
     CaptureStats,
     OutcomeRecord,
     Registration,
@@ -35,36 +35,15 @@ from flowrl.capture.collector import (
     attach,
     store_key,
 )
-from flowrl.capture.events import Adapter, PatchSpec
+from flowrl.capture.options import CaptureOptions
 from flowrl.capture.recorder import RunRecord
 from flowrl.errors import ConfigError
 from flowrl.store.files import TRACE_ID, TraceStore
 from flowrl.trace.outcomes import HostOutcome, make_outcome
-from flowrl.trace.schema import SOURCES
 
 log = logging.getLogger("flowrl.capture")
 
-DEFAULT_MAX_EVENTS = 10_000
-OPTIONS = frozenset(
-    {
-        "run_methods",
-        "tool_methods",
-        "llm_methods",
-        "mask",
-        "queue_size",
-        "agent_name",
-        "adapter",
-        "redact",
-        "max_chars",
-        "max_events_per_run",
-        "exit_timeout",
-        "metadata",
-        "io_threads",
-        "source",
-        "on_trace",
-        "llm_clients",
-    }
-)
+OPTIONS = frozenset(options_table.NAMES)  # what hook_into_agent accepts: CaptureOptions' fields
 _WARN_FIRST = 3
 
 
@@ -74,26 +53,14 @@ class Hook:
     A thin registration on the process's collector for its store (`collector.attach`): the writer
     thread is shared with every other hook on that store; the stats, masking and metadata are its own."""
 
-    def __init__(
-        self,
-        agent: Any,
-        registration: Registration,
-        *,
-        adapter: str,
-        agent_name: str | None,
-        metadata: dict[str, Any] | None = None,
-        max_events: int = DEFAULT_MAX_EVENTS,
-        options: dict[str, Any] | None = None,
-        source: str = "live",
-        on_trace: Callable[[Any], None] | None = None,
-    ) -> None:
+    def __init__(self, agent: Any, registration: Registration, options: CaptureOptions) -> None:
         self.registration = registration
-        self.options = dict(options or {})  # what it was hooked with (a re-hook must match them)
-        self.adapter = adapter
-        self.agent_name = agent_name
-        self.metadata = dict(metadata or {})
-        self.source = source
-        self.max_events = max_events
+        self.options = options  # what it was hooked with, checked (a re-hook must match them)
+        self.adapter = options.adapter
+        self.agent_name = options.agent_name
+        self.metadata = dict(options.metadata)
+        self.source = options.source
+        self.max_events = options.max_events_per_run
         self.handlers: dict[tuple[str | None, str], Callable[..., Any]] = {}
         self.methods: list[str] = []
         self.llm_clients: frozenset[str] = frozenset()  # client libraries whose calls in its runs it records
@@ -104,14 +71,14 @@ class Hook:
         self._lock = threading.RLock()  # reentrant: the garbage collector's callback may come in under it
         self._deferred: dict[int, tuple[RunRecord, Callable[[], Any], Any]] = {}
         registration.on_error = self._log_failure
-        registration.on_written = on_trace
+        registration.on_written = options.on_trace
         registration.before_flush = self._release_deferred
 
     # -- public ---------------------------------------------------------------------------------
     @property
     def collector(self) -> TraceCollector:
         """The collector this hook shares with every other hook on its store."""
-        return self.registration.collector
+        return cast(TraceCollector, self.registration.collector)  # the registry made it (`collector.register`)
 
     @property
     def stats(self) -> CaptureStats:
@@ -321,21 +288,17 @@ class Hook:
         failure is counted and logged: the agent's own methods are still captured."""
         if not clients:
             return
-        from flowrl.capture import openai_client
-
         try:
-            self.methods += openai_client.acquire(self, clients)
+            self.methods += clients_table.acquire(self, clients)
             self.llm_clients = frozenset(clients)
         except Exception as exc:
             self.fail("patching the LLM client library", exc)
 
     def _release_patches(self) -> None:
         if self.llm_clients:
-            from flowrl.capture import openai_client
-
             self.llm_clients = frozenset()
             try:
-                openai_client.release(self)
+                clients_table.release(self)
             except Exception as exc:  # pragma: no cover - defensive: release does not raise
                 self.fail("unpatching the LLM client library", exc)
         patches, self._patches = self._patches, []
@@ -375,21 +338,11 @@ def _agent_name(agent: Any, given: str | None) -> str:
     return str(name) if isinstance(name, str) and name else type(agent).__name__
 
 
-def _names(value: Any, option: str) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    names = list(value)
-    if not all(isinstance(n, str) and n.isidentifier() for n in names):
-        raise ConfigError(f"{option} must be a list of method names, got {value!r}")
-    return names
-
-
 def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | None = None, **options: Any) -> Hook:
     """Start capturing every run of `agent` as one trace in `store` (default: `TraceStore.default()`).
 
-    Options: `run_methods`, `tool_methods`, `llm_methods` (method names; defaults for a FlowAgent),
+    Options: the fields of `flowrl.capture.options.CaptureOptions`, declared there once with their defaults:
+    `run_methods`, `tool_methods`, `llm_methods` (method names; defaults for a FlowAgent),
     `adapter` ("auto", "flowagent", "generic"), `mask` (callable str -> str, applied after the built-in
     secret patterns), `queue_size` (this hook's runs waiting for the writer, default 1024), `agent_name`,
     `metadata` (dict added to every trace), `redact` (default True), `max_chars` (longer strings keep
@@ -409,78 +362,38 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     options given match the ones it was hooked with, and raises `ConfigError` naming the ones that
     differ otherwise (unhook it first to hook it with others).
     """
-    unknown = set(options) - OPTIONS
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) for hook_into_agent: {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})"
-        )
+    options_table.check_names(options)
     if agent is None or isinstance(agent, type):
         raise ConfigError("hook_into_agent needs an agent instance, not None or a class")
     with _patch._LOCK:
         existing = _already_hooked(agent, store, options)
     if existing is not None:
         return existing
-    adapter = _adapter(agent, options.get("adapter", "auto"))
-    run_methods = _names(options.get("run_methods"), "run_methods")
-    tool_methods = _names(options.get("tool_methods"), "tool_methods")
-    llm_methods = _names(options.get("llm_methods"), "llm_methods")
-    if adapter == "generic" and not run_methods:
+    given = options_table.capture_options(options)
+    opts = replace(given, adapter=_adapter(agent, given.adapter), agent_name=_agent_name(agent, given.agent_name))
+    if opts.adapter == "generic" and not opts.run_methods:
         raise ConfigError(
             f"{type(agent).__name__} is not a toolboxv2 FlowAgent: name its entry points, "
             "e.g. hook_into_agent(agent, run_methods=['a_run'], tool_methods=['call_tool'])"
         )
-    max_events, mask, source, on_trace = capture_options(options)
-    effective = {
-        "adapter": adapter,
-        "run_methods": run_methods,
-        "tool_methods": tool_methods,
-        "llm_methods": llm_methods,
-        "mask": mask,
-        "redact": bool(options.get("redact", True)),
-        "max_events_per_run": max_events,
-        "max_chars": options.get("max_chars", DEFAULT_MAX_CHARS),
-        "queue_size": options.get("queue_size", DEFAULT_QUEUE_SIZE),
-        "exit_timeout": options.get("exit_timeout", DEFAULT_EXIT_TIMEOUT),
-        "io_threads": options.get("io_threads", DEFAULT_IO_THREADS),
-        "agent_name": _agent_name(agent, options.get("agent_name")),
-        "metadata": dict(options.get("metadata") or {}),
-        "source": source,
-        "on_trace": on_trace,
-        "llm_clients": _clients(options.get("llm_clients", "auto")),
-    }
     try:  # outside _patch._LOCK: whoever holds that lock never waits for the collectors' registry
-        effective["exit_timeout"] = float(effective["exit_timeout"])
-        registration = attach(
-            store,
-            io_threads=effective["io_threads"],
-            mask=mask,
-            queue_size=effective["queue_size"],
-            redact=effective["redact"],
-            max_chars=effective["max_chars"],
-            exit_timeout=effective["exit_timeout"],
-        )
+        registration = attach(store, **opts.writer())
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"hook_into_agent: {exc}") from exc
     try:
         with _patch._LOCK:
             existing = _already_hooked(agent, store, options)  # by another thread, meanwhile
             if existing is None:
-                hook = Hook(
+                hook = Hook(agent, registration, opts)
+                specs = ADAPTERS[opts.adapter].plan(
                     agent,
-                    registration,
-                    adapter=adapter,
-                    agent_name=effective["agent_name"],
-                    metadata=effective["metadata"],
-                    max_events=max_events,
-                    options=effective,
-                    source=source,
-                    on_trace=on_trace,
-                )
-                specs = ADAPTERS[adapter]().plan(
-                    agent, hook, run_methods=run_methods, tool_methods=tool_methods, llm_methods=llm_methods
+                    hook,
+                    run_methods=_listed(opts.run_methods),
+                    tool_methods=_listed(opts.tool_methods),
+                    llm_methods=_listed(opts.llm_methods),
                 )
                 hook._install(agent, specs)
-                hook._install_clients(effective["llm_clients"])
+                hook._install_clients(opts.clients)
     except BaseException:
         registration.close(0)
         raise
@@ -491,48 +404,8 @@ def hook_into_agent(agent: Any, store: TraceStore | str | os.PathLike[str] | Non
     return hook
 
 
-def _clients(value: Any) -> tuple[str, ...]:
-    """The `llm_clients` option: "auto" (every client library flowrl knows that is importable), a list of
-    names (`openai_client.CLIENTS`), or None/[] (none)."""
-    from flowrl.capture import openai_client
-
-    if value == "auto":
-        return openai_client.auto_clients()
-    if value is None or value is False:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    try:
-        names = list(value)
-    except TypeError:
-        raise ConfigError(f"llm_clients must be 'auto' or a list of names, not {value!r}") from None
-    unknown = [n for n in names if n not in openai_client.CLIENTS]
-    if unknown:
-        raise ConfigError(
-            f"llm_clients: unknown client(s) {unknown!r} (known: {', '.join(openai_client.CLIENTS)}, or 'auto')"
-        )
-    missing = [n for n in names if not openai_client.importable(n)]
-    if missing:
-        raise ConfigError(f"llm_clients: {', '.join(missing)} cannot be imported here (install it, or leave it out)")
-    return tuple(dict.fromkeys(names))
-
-
-def capture_options(options: dict[str, Any]) -> tuple[int, Callable[[str], str] | None, str, Any]:
-    """(`max_events_per_run`, `mask`, `source`, `on_trace`) of a capture's options, checked: ConfigError names a
-    value that cannot be one. Shared by `hook_into_agent` and `grouping.capture_llm_calls`."""
-    max_events = options.get("max_events_per_run", DEFAULT_MAX_EVENTS)
-    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 0:
-        raise ConfigError(f"max_events_per_run must be a non-negative integer, not {max_events!r}")
-    mask = options.get("mask")
-    if mask is not None and not callable(mask):
-        raise ConfigError("mask must be a callable taking and returning a str")
-    source = options.get("source", "live")
-    if source not in SOURCES:
-        raise ConfigError(f"source {source!r}: use one of {', '.join(SOURCES)}")
-    on_trace = options.get("on_trace")
-    if on_trace is not None and not callable(on_trace):
-        raise ConfigError("on_trace must be a callable taking the written ExecutionTrace")
-    return max_events, mask, source, on_trace
+def _listed(names: tuple[str, ...] | None) -> list[str] | None:
+    return list(names) if names is not None else None
 
 
 def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | None:
@@ -551,26 +424,14 @@ def _already_hooked(agent: Any, store: Any, options: dict[str, Any]) -> Hook | N
     return existing
 
 
-def _flowagent_adapter() -> Adapter:
-    from flowrl.capture.flowagent import ADAPTER
-
-    return ADAPTER
-
-
-def _generic_adapter() -> Adapter:
-    from flowrl.capture.generic import ADAPTER
-
-    return ADAPTER
-
-
 # name -> the adapter (imported when first used); the ones that detect their agents are asked in this order,
 # and an agent none of them knows gets the generic adapter (which needs run_methods)
-ADAPTERS: dict[str, Callable[[], Adapter]] = {"flowagent": _flowagent_adapter, "generic": _generic_adapter}
+ADAPTERS: dict[str, Adapter] = {"flowagent": flowagent.ADAPTER, "generic": generic.ADAPTER}  # one line an adapter
 
 
 def _adapter(agent: Any, adapter: Any) -> str:
     if adapter == "auto":
-        adapter = next((name for name, get in ADAPTERS.items() if get().detects(agent)), "generic")
+        adapter = next((name for name, known in ADAPTERS.items() if known.detects(agent)), "generic")
     if adapter not in ADAPTERS:
         raise ConfigError(f"adapter must be 'auto' or one of {', '.join(repr(n) for n in ADAPTERS)}, not {adapter!r}")
     return adapter
@@ -587,20 +448,14 @@ def _differences(hook: Hook, agent: Any, store: Any, options: dict[str, Any]) ->
             raise ConfigError(f"hook_into_agent: {exc}") from exc
         if wanted != store_key(hook.store):
             out.append(f"store {wanted} (hooked into {hook.store.root})")
-    for key, value in sorted(options.items()):
+    for key, given in sorted(options.items()):
         if key == "adapter":
-            value = _adapter(agent, value)
-        elif key in ("run_methods", "tool_methods", "llm_methods"):
-            value = _names(value, key)
+            value = _adapter(agent, given)
         elif key == "agent_name":
-            value = _agent_name(agent, value)
-        elif key == "metadata":
-            value = dict(value or {})
-        elif key == "redact":
-            value = bool(value)
-        elif key == "llm_clients":
-            value = _clients(value)
-        have = hook.options.get(key)
+            value = _agent_name(agent, given)
+        else:
+            value = options_table.checked(key, given)
+        have = getattr(hook.options, key)
         try:
             same = have is value or bool(have == value)
         except Exception:  # a value that cannot be compared (e.g. an array in metadata)

@@ -1,5 +1,6 @@
 """LLM-client capture: LiteLLM's `litellm.completion` / `litellm.acompletion`, recorded into the captured run they
-are made in, the way `openai_client.py` records the OpenAI SDK's calls (its registry, events and readers).
+are made in, the way `openai_client.py` records the OpenAI SDK's calls (with the machinery in `client_patch.py`,
+the same events and readers).
 
     import litellm
     hook = hook_into_agent(agent, run_methods=["run"])   # llm_clients="auto": LiteLLM is patched too
@@ -7,7 +8,7 @@ are made in, the way `openai_client.py` records the OpenAI SDK's calls (its regi
 
 What is patched: the `litellm` module's `completion` and `acompletion` (`stream=True` too), and
 `CustomStreamWrapper.__next__`/`__anext__` (to see the chunks the host reads from a stream), once per process,
-reference-counted with the other client patches (`openai_client.acquire`/`release`). flowrl never imports
+reference-counted with the other client patches (`client_patch.acquire`/`release`). flowrl never imports
 LiteLLM (its import takes seconds): when it is not imported yet, a one-entry `sys.meta_path` finder waits for
 the host to import it and patches it right after (then takes itself out). A name bound before the patch
 (`from litellm import completion` before `hook_into_agent`, when litellm was already imported) keeps the
@@ -36,12 +37,12 @@ from collections.abc import Callable
 from types import CoroutineType, ModuleType
 from typing import TYPE_CHECKING, Any
 
-from flowrl.capture import openai_client as oc
-from flowrl.capture.events import LLMEvent
+from flowrl.capture import client_patch
+from flowrl.capture.client_patch import ClientSpec, Target
+from flowrl.capture.events import HookPort, LLMEvent
 from flowrl.capture.recorder import current_frame, current_llm, enter_llm, leave_llm, note_exc, perf_counter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flowrl.capture.hook import Hook
     from flowrl.capture.recorder import RunRecord
 
 CHAT = "litellm.chat"
@@ -72,10 +73,10 @@ def _stream_class(litellm: ModuleType) -> type | None:
         return found if isinstance(found, type) else None
 
 
-def targets() -> list[oc.Target]:
+def targets() -> list[Target]:
     """(owner, attribute, handler factory) for LiteLLM; only called once `litellm` is imported."""
     litellm = _module()
-    out: list[oc.Target] = []
+    out: list[Target] = []
     if "completion" in vars(litellm):
         out.append((litellm, "completion", _sync_handler))
     if "acompletion" in vars(litellm):
@@ -117,7 +118,7 @@ class _Loader:
             pass
         self._loader.exec_module(module)
         LAZY.disarm()
-        oc.install_waiting(CLIENT)
+        client_patch.install_waiting(SPEC)
 
 
 class _Lazy:
@@ -162,6 +163,7 @@ class _Lazy:
 
 
 LAZY = _Lazy()
+SPEC = ClientSpec(CLIENT, targets, lambda: LAZY)  # what `flowrl.capture.clients` lists; flowrl never imports LiteLLM
 
 
 # -- the host's side ----------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ def record(rec: RunRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLM
     """The event of one LiteLLM call in run `rec`, or None: the run's hook does not capture LiteLLM, the run
     takes no more events, or this call is made inside a LiteLLM call already recorded (a Router's, a fallback)."""
     hook = rec.hook
-    if CLIENT not in hook.llm_clients or not hook._active:
+    if CLIENT not in hook.llm_clients or not hook.active:
         return None
     open_llm = current_llm()
     if open_llm is not None and open_llm[1].api == CHAT and open_llm[1].duration is None:
@@ -188,17 +190,18 @@ def record(rec: RunRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLM
         perf_counter(), kwargs, kwargs.get("model"), stream, None, None, None, None, None, None, CHAT, request,
         [] if stream else None,
     )  # fmt: skip
-    return oc.attach(rec, ev)
+    return client_patch.attach(rec, ev)
 
 
 def _begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
     frame = current_frame()
     if frame is None:
-        oc.unattributed(CLIENT)
-        if oc._GROUPER is None:
+        client_patch.unattributed(CLIENT)
+        grouper = client_patch.grouper()
+        if grouper is None:
             return None
         merged = {**dict(zip(_POSITIONAL, args)), **kwargs} if args else kwargs
-        return oc._GROUPER.begin(CHAT, merged, lambda rec: record(rec, args, kwargs))
+        return grouper.begin(CHAT, merged, lambda rec: record(rec, args, kwargs))
     rec = frame[0]
     try:
         ev = record(rec, args, kwargs)
@@ -263,7 +266,7 @@ async def _awaited(rec: RunRecord, ev: LLMEvent, coro: Any) -> Any:
     return out
 
 
-def _returned(hook: Hook, ev: LLMEvent, out: Any) -> None:
+def _returned(hook: HookPort, ev: LLMEvent, out: Any) -> None:
     ev.duration = perf_counter() - ev.started
     ev.output = out
     if ev.chunks is None:

@@ -24,47 +24,19 @@ The writer thread (`assemble.py`) reads the events back with `client_read.py` (`
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from collections.abc import Callable
 from functools import partial
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from flowrl.capture import _patch
+from flowrl.capture import client_patch
+from flowrl.capture.client_patch import ClientSpec, Target, attach
 from flowrl.capture.client_read import CHAT, RESPONSES
-from flowrl.capture.events import LLMEvent
-from flowrl.capture.recorder import current_frame, current_llm, note_exc, perf_counter
+from flowrl.capture.events import HookPort, LLMEvent
+from flowrl.capture.recorder import current_frame, note_exc, perf_counter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flowrl.capture.hook import Hook
     from flowrl.capture.recorder import RunRecord
-
-CLIENTS = ("openai", "litellm")  # what `llm_clients` may name (LiteLLM: `litellm_client.py`)
-
-_LOCK = _patch._LOCK  # one lock for every class patch of the process
-# client -> the hooks that use its patch; `_HOOKS_OF[client]` is a tuple, replaced (never changed) under _LOCK
-_HOOKS_OF: dict[str, tuple[Any, ...]] = {}
-# client -> [(owner, attribute, wrapper)] while patched
-_PATCHED: dict[str, list[tuple[type, str, Any]]] = {}
-# the `grouping.CallCapture` that records the calls made outside any captured run, while one is active
-_GROUPER: Any = None
-
-
-# -- which clients ------------------------------------------------------------------------------
-
-
-def importable(client: str) -> bool:
-    """Can the client library be imported here (without importing it)?"""
-    try:
-        return importlib.util.find_spec(client) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def auto_clients() -> tuple[str, ...]:
-    """`llm_clients="auto"`: every client library flowrl knows that is importable."""
-    return tuple(c for c in CLIENTS if importable(c))
 
 
 def _openai_targets() -> list[tuple[type, str, str, bool]]:
@@ -85,164 +57,11 @@ def _openai_targets() -> list[tuple[type, str, str, bool]]:
     return targets
 
 
-Target = tuple[Any, str, Callable[[list[bool]], Callable[..., Any]]]  # (owner, attribute, handler(live))
-
-
-def _openai_patches() -> list[Target]:
-    return [
-        (owner, attr, partial(_async_handler if is_async else _sync_handler, api))
-        for owner, attr, api, is_async in _openai_targets()
-    ]
-
-
-def _litellm_patches() -> list[Target]:
-    import flowrl.capture.litellm_client as litellm_client
-
-    return litellm_client.targets()
-
-
-def _litellm_lazy() -> Any:
-    import flowrl.capture.litellm_client as litellm_client
-
-    return litellm_client.LAZY
-
-
-# client -> what to patch (only called once the client library is imported)
-_TARGETS: dict[str, Callable[[], list[Target]]] = {"openai": _openai_patches, "litellm": _litellm_patches}
-# client -> its lazy patching (`ready()`: imported now; `arm()`/`disarm()`: patch it once it is imported). A client
-# listed here is never imported by flowrl: a slow import (LiteLLM's) is the host's to make
-_LAZY: dict[str, Callable[[], Any]] = {"litellm": _litellm_lazy}
-
-
-# -- patching, reference-counted per client -----------------------------------------------------
-
-
-def acquire(hook: Hook, clients: tuple[str, ...]) -> list[str]:
-    """Patch each client's SDK classes (once per process) for `hook`; returns what is patched
-    ("openai.Completions.create", ...). Raises ImportError when a client cannot be imported. A lazy client
-    (`_LAZY`: LiteLLM) not imported yet is patched when the host imports it ("litellm (once imported)")."""
-    names: list[str] = []
-    with _LOCK:
-        for client in clients:
-            users = _HOOKS_OF.get(client, ())
-            if hook in users:
-                continue
-            lazy = _LAZY[client]() if client in _LAZY else None
-            if client not in _PATCHED:
-                if lazy is not None and not lazy.ready():
-                    lazy.arm()
-                    _HOOKS_OF[client] = (*users, hook)
-                    names.append(f"{client} (once imported)")
-                    continue
-                _PATCHED[client] = _install(client)
-            _HOOKS_OF[client] = (*users, hook)
-            names += [_name(owner, attr) for owner, attr, _ in _PATCHED[client]]
-    return names
-
-
-def _name(owner: Any, attr: str) -> str:
-    if isinstance(owner, ModuleType):
-        return f"{owner.__name__}.{attr}"
-    return f"{owner.__module__.split('.')[0]}.{owner.__name__}.{attr}"
-
-
-def install_waiting(client: str) -> None:
-    """A lazy client was just imported: patch it for the hooks waiting for it. Never raises."""
-    with _LOCK:
-        users = _HOOKS_OF.get(client, ())
-        if not users or client in _PATCHED:
-            return
-        try:
-            _PATCHED[client] = _install(client)
-        except Exception as exc:
-            for hook in users:
-                hook.fail(f"patching {client}", exc)
-
-
-def release(hook: Hook) -> None:
-    """Let go of every client patch `hook` holds; the last user puts the SDK's functions back. Never raises."""
-    with _LOCK:
-        for client, users in list(_HOOKS_OF.items()):
-            if hook not in users:
-                continue
-            left = tuple(h for h in users if h is not hook)
-            if left:
-                _HOOKS_OF[client] = left
-                continue
-            del _HOOKS_OF[client]
-            if client in _LAZY:
-                try:
-                    _LAZY[client]().disarm()
-                except Exception:  # pragma: no cover - defensive: disarm does not raise
-                    pass
-            for owner, attr, wrapper in _PATCHED.pop(client, ()):
-                _restore(owner, attr, wrapper)
-
-
-def patched(client: str = "openai") -> bool:
-    """Is the client's SDK patched now?"""
-    return client in _PATCHED
-
-
-def _install(client: str) -> list[tuple[type, str, Any]]:
-    done: list[tuple[type, str, Any]] = []
-    try:
-        for owner, attr, make in _TARGETS[client]():
-            original = vars(owner)[attr]
-            live = [True]
-            wrapper = _patch._ClassWrapper(original, make(live), owner, live)
-            setattr(owner, attr, wrapper)
-            done.append((owner, attr, wrapper))
-    except BaseException:
-        for owner, attr, wrapper in done:
-            _restore(owner, attr, wrapper)
-        raise
-    return done
-
-
-def _restore(owner: type, attr: str, wrapper: Any) -> None:
-    """Put the original function back (the same object); when another library wrapped it on top of ours
-    meanwhile, take ours out of that chain (as `_patch.release` does) or leave it as a pass-through."""
-    wrapper._flowrl_retire()
-    try:
-        if vars(owner).get(attr) is wrapper:
-            setattr(owner, attr, wrapper.__wrapped__)  # type: ignore[union-attr]  # wrapt: Any | None
-            return
-        why = _patch._splice_out(vars(owner).get(attr), wrapper)
-    except Exception as exc:  # a wrapper that does not let itself be read or re-pointed
-        why = f"{type(exc).__name__}: {exc}"
-    if why:
-        _patch._left_in_place(owner, attr, why)
-
-
-# -- the host's side: one event per call ---------------------------------------------------------
-
-
-def unattributed(client: str = "openai") -> None:
-    """A client call outside any captured run: counted by every hook that has this client patched."""
-    for hook in _HOOKS_OF.get(client, ()):
-        hook.unattributed()
-
-
-def attach(rec: RunRecord, ev: LLMEvent) -> LLMEvent | None:
-    """Add a client call's event to run `rec`, or, made while a hooked LLM method of the same run is open
-    (`recorder.current_llm`), attach it to that method's event: one LLM call, not two."""
-    open_llm = current_llm()
-    if open_llm is not None and open_llm[0] is rec and open_llm[1].duration is None:
-        parent = open_llm[1]
-        if parent.inner is None:
-            parent.inner = [ev]
-        else:
-            parent.inner.append(ev)
-        return ev
-    return ev if rec.add(ev) else None
-
-
 def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
     """The event of one SDK call in run `rec` (added to the run, or attached to the hooked LLM method open
     in it), or None when the run's hook does not capture this client or the run takes no more events."""
     hook = rec.hook
-    if "openai" not in hook.llm_clients or not hook._active:
+    if "openai" not in hook.llm_clients or not hook.active:
         return None
     request = kwargs.get("messages") if api is CHAT else kwargs.get("input")
     if request.__class__ is list:
@@ -257,20 +76,14 @@ def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
     return attach(rec, ev)
 
 
-def set_grouper(grouper: Any) -> None:
-    """The handle that groups the calls made outside any captured run (`grouping.CallCapture`), or None."""
-    global _GROUPER
-    _GROUPER = grouper
-
-
 def _begin(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
     """The run and event a call is recorded into: the current run's; outside any run, its conversation's when
     calls are being grouped (`grouping.capture_llm_calls`). None: not recorded (a failure counted). Never
     raises."""
     frame = current_frame()
     if frame is None:
-        unattributed()
-        grouper = _GROUPER
+        client_patch.unattributed("openai")
+        grouper = client_patch.grouper()
         return None if grouper is None else grouper.begin(api, kwargs, lambda rec: record(rec, api, kwargs))
     rec = frame[0]
     try:
@@ -279,6 +92,16 @@ def _begin(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | Non
         rec.hook.fail(f"{api}: recording a call", exc)
         return None
     return None if ev is None else (rec, ev)
+
+
+def _patches() -> list[Target]:
+    return [
+        (owner, attr, partial(_async_handler if is_async else _sync_handler, api))
+        for owner, attr, api, is_async in _openai_targets()
+    ]
+
+
+SPEC = ClientSpec("openai", _patches)  # what `flowrl.capture.clients` lists
 
 
 def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
@@ -321,7 +144,7 @@ def _async_handler(api: str, live: list[bool]) -> Callable[..., Any]:
     return handler
 
 
-async def _timed(hook: Hook, ev: LLMEvent, coro: Any) -> Any:
+async def _timed(hook: HookPort, ev: LLMEvent, coro: Any) -> Any:
     try:
         out = await coro
     except BaseException as exc:
@@ -334,7 +157,7 @@ async def _timed(hook: Hook, ev: LLMEvent, coro: Any) -> Any:
     return out
 
 
-def _tap(hook: Hook, ev: LLMEvent, stream: Any, is_async: bool) -> None:
+def _tap(hook: HookPort, ev: LLMEvent, stream: Any, is_async: bool) -> None:
     """Record each item of an SDK `Stream`/`AsyncStream` as the host reads it: the same stream object, its
     item iterator wrapped. A stream of another shape is left alone (its items are not recorded). Never raises."""
     try:
@@ -372,17 +195,4 @@ async def _atap(inner: Any, ev: LLMEvent) -> Any:
         ev.duration = perf_counter() - ev.started
 
 
-__all__ = [
-    "CHAT",
-    "CLIENTS",
-    "RESPONSES",
-    "acquire",
-    "attach",
-    "auto_clients",
-    "importable",
-    "install_waiting",
-    "patched",
-    "release",
-    "set_grouper",
-    "unattributed",
-]
+__all__ = ["CHAT", "RESPONSES", "SPEC", "record"]

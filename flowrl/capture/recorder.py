@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import wrapt
 
-from flowrl.capture.events import LLMEvent
+from flowrl.capture.events import ErrorText, HookPort, LLMEvent
 from flowrl.trace.schema import new_trace_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.events import Event, ToolEvent
-    from flowrl.capture.hook import Hook
 
 Frame = tuple["RunRecord", "ToolEvent | None"]
 _FRAME: ContextVar[Frame | None] = ContextVar("flowrl_capture_frame", default=None)
@@ -41,7 +40,7 @@ current_frame = _FRAME.get
 
 # The hooked LLM method in progress, as (its run, its event): an LLM client call made inside it (the OpenAI SDK
 # patched by `openai_client.py`) attaches to that event instead of being a second LLM call. Set by
-# `events.guarded_call` around a plain LLM method and by `timed` around an awaited one.
+# `adapter.guarded_call` around a plain LLM method and by `timed` around an awaited one.
 OpenLLM = tuple["RunRecord | None", LLMEvent]
 _LLM: ContextVar[OpenLLM | None] = ContextVar("flowrl_capture_llm", default=None)
 enter_llm = _LLM.set
@@ -80,7 +79,7 @@ class RunRecord:
         "outcomes",
     )
 
-    def __init__(self, hook: Hook, adapter: str, method: str, query: Any, session_id: Any) -> None:
+    def __init__(self, hook: HookPort, adapter: str, method: str, query: Any, session_id: Any) -> None:
         self.hook = hook
         self.adapter = adapter
         self.method = method
@@ -133,14 +132,8 @@ class RunRecord:
             outcomes, self.outcomes = self.outcomes or [], None
         return outcomes
 
-    def build(self) -> dict[str, Any]:
-        """The trace dict (runs on the writer thread)."""
-        from flowrl.capture.assemble import build_trace
 
-        return build_trace(self)
-
-
-def frame_of(hook: Hook) -> Frame | None:
+def frame_of(hook: HookPort) -> Frame | None:
     """The current frame when it belongs to a run of this hook, else None. A call with no run around it
     at all is counted as unattributed (it is not recorded)."""
     frame = _FRAME.get()
@@ -150,7 +143,7 @@ def frame_of(hook: Hook) -> Frame | None:
     return frame if frame[0].hook is hook else None
 
 
-def inside_run_of(hook: Hook) -> bool:
+def inside_run_of(hook: HookPort) -> bool:
     """True inside an open run of this hook: a run method called there (`run()` calling `a_run()`,
     `a_stream` calling `a_run`, a tool that runs the agent again) is part of that run."""
     frame = _FRAME.get()
@@ -160,30 +153,6 @@ def inside_run_of(hook: Hook) -> bool:
 # -- values kept as they came, for the writer to read -------------------------------------------
 
 HOST_JOIN_CHARS = 4096  # an exception message longer than this is not joined to its type name on the host
-
-
-class ErrorText:
-    """An exception's `Type: message`, joined on the writer thread (`values.Values.text`): joining a long
-    message on the host would copy all of it there. `message` is the text, or, when `str(exc)` raised,
-    the exception's lone argument (the writer says what it was)."""
-
-    __slots__ = ("message", "name")
-
-    def __init__(self, name: str, message: Any) -> None:
-        self.name = name
-        self.message = message
-
-    def __repr__(self) -> str:
-        return f"ErrorText({self.name!r}, <{type(self.message).__name__}>)"
-
-
-class TextParts:
-    """A streamed answer's text chunks, joined (or cut to `max_chars`) on the writer thread."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, parts: list[str]) -> None:
-        self.parts = parts
 
 
 def describe_exc(exc: BaseException) -> str | ErrorText:
@@ -205,7 +174,7 @@ def describe_exc(exc: BaseException) -> str | ErrorText:
 
 
 async def timed(
-    hook: Hook,
+    hook: HookPort,
     frame: Frame | None,
     ev: Event,
     coro: Any,
@@ -242,7 +211,7 @@ async def timed(
     return out
 
 
-def note_exc(hook: Hook, ev: Event, exc: BaseException) -> None:
+def note_exc(hook: HookPort, ev: Event, exc: BaseException) -> None:
     try:
         ev.duration = perf_counter() - ev.started
         ev.error = describe_exc(exc)

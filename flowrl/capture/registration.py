@@ -9,12 +9,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowrl.trace.redact import Redactor
 
 if TYPE_CHECKING:
-    from flowrl.capture.collector import TraceCollector
     from flowrl.store.files import TraceStore
 
 DEFAULT_QUEUE_SIZE = 1024
@@ -54,15 +53,31 @@ class CaptureStats:
         return asdict(self)
 
 
+class Writer(Protocol):
+    """What a registration calls on its collector (`flowrl.capture.collector.TraceCollector`, above this module)."""
+
+    store: TraceStore
+
+    def _submit(self, record: Any, reg: Registration) -> bool: ...
+
+    def _flush(self, timeout: float | None, reg: Registration) -> bool: ...
+
+    def _release(self, reg: Registration, timeout: float | None) -> bool: ...
+
+    def _release_later(self, reg: Registration) -> None: ...
+
+    def _fail(self, reg: Registration, what: str, exc: BaseException) -> None: ...
+
+
 class Registration:
     """One hook's handle on a collector: its counters, its masking and its share of the queue.
 
-    `submit(record)` queues a record (anything with `.build() -> dict`), `flush()` waits for what was
+    `submit(record)` queues a record (a `RunRecord`, or anything with `.build() -> dict`), `flush()` waits for what was
     queued, `close()` lets go of the collector (the last registration to go stops its threads)."""
 
     def __init__(
         self,
-        collector: TraceCollector,
+        collector: Writer,
         *,
         mask: Callable[[str], str] | None = None,
         redact: bool = True,

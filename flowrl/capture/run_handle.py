@@ -14,9 +14,12 @@ hook's `stats.outcome_errors` and logged, and it returns False.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from flowrl.capture.recorder import RunRecord, current_frame
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flowrl.capture.hook import Hook
 
 
 class RunHandle:
@@ -46,7 +49,7 @@ class RunHandle:
     ) -> bool:
         """Say how this run went (every field optional; see `flowrl.trace.outcomes`). During the run it is written
         with the trace; after, on its own. True when it was accepted for writing."""
-        hook = self._run.hook
+        hook = cast("Hook", self._run.hook)  # a run's hook is a Hook (the recorder knows it as a HookPort)
         outcome = hook.make_outcome(
             reference=reference, success=success, rewards=rewards, feedback=feedback, source=source
         )

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from flowrl.capture.recorder import ErrorText, TextParts
+from flowrl.capture.events import ErrorText, TextParts
 from flowrl.capture.registration import DEFAULT_MAX_CHARS
 
 MAX_DEPTH = 64  # containers nested deeper are cut there (orjson refuses past 255 levels in all)

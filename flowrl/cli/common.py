@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import typer
@@ -13,7 +15,17 @@ from flowrl.store.files import ReadProblem, TraceStore
 from flowrl.store.opener import open_store as open_any_store
 
 if TYPE_CHECKING:
-    from flowrl.store.segments import SegmentStore
+    from flowrl.store.segments.store import SegmentStore
+
+# `--agent example` in `flowrl improve`, `train` and `eval`: the example agent is named, as a user's agent is,
+# and imported when a command runs it. Only `flowrl demo` imports flowrl.demo (pyproject's import contracts).
+EXAMPLE_AGENT = "flowrl.demo.example_agents"
+
+
+def example_agent() -> ModuleType:
+    """The example agent's module: `ExampleAgents`, `example_tasks`, `example_grade`, `example_adapter`."""
+    return importlib.import_module(EXAMPLE_AGENT)
+
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)

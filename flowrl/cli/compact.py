@@ -19,9 +19,9 @@ def compact_cmd(
 ) -> None:
     """Convert per-trace JSON files into columnar segments, in place (verified before any JSON file is removed)
     or into another root. Safe to interrupt and to run again: every reader reads both layouts."""
-    from flowrl.store.files import default_root
-    from flowrl.store.opener import store_spec
-    from flowrl.store.segments.compact import compact
+    from flowrl.store.files import default_root  # lazy: keeps `flowrl --help` fast
+    from flowrl.store.opener import store_spec  # lazy: keeps `flowrl --help` fast
+    from flowrl.store.segments.compact import compact  # lazy: keeps `flowrl --help` fast
 
     root = store_spec(store) if store is not None else str(default_root())
     summary = compact(root, out=out, keep_json=keep_json, writer_id=writer_id)

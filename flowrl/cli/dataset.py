@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 METHOD_HELP = "kto, grpo (online prompts), grpo-offline (logged groups), sft or dpo."
 
 
-def build_dataset(
+def build_dataset(  # noqa: PLR0913  # a typer command: one parameter per option
     method: str = typer.Option(..., "--method", "-m", help=METHOD_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; must be empty unless --overwrite)."),
     store: Path | None = StoreOption,
@@ -75,8 +75,8 @@ def build_dataset(
     ),
 ) -> None:
     """Build a dataset for TRL from the trace store: a DatasetDict on disk, JSONL, a card and a summary."""
-    from flowrl.data import DatasetError, DatasetFilter, DatasetPipeline
-    from flowrl.methods import make_builder
+    from flowrl.data import DatasetError, DatasetFilter, DatasetPipeline  # lazy: keeps `flowrl --help` fast
+    from flowrl.methods import make_builder  # lazy: keeps `flowrl --help` fast
 
     options = {
         "rows": kto_rows,
@@ -118,7 +118,7 @@ def build_dataset(
     )
     budget = None
     if base_model is not None:
-        from flowrl.train.inspect import token_budget
+        from flowrl.train.inspect import token_budget  # lazy: keeps `flowrl --help` fast
 
         budget = token_budget(builder.method, base_model, max_length)
     pipeline = DatasetPipeline(
@@ -203,7 +203,7 @@ def show(
 
     from rich.text import Text
 
-    from flowrl.train.inspect import show_row
+    from flowrl.train.inspect import show_row  # lazy: keeps `flowrl --help` fast
 
     shown = show_row(path, base_model=base_model, row=row, split=split, method=method)
     if as_json:

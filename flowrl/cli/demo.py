@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 
-def demo(
+def demo(  # noqa: PLR0913  # a typer command: one parameter per option
     out: Path = typer.Option(Path("demo-out"), "--out", help="Folder for everything the demo makes."),
     repeats: int = typer.Option(2, min=1, help="Runs of each task by the example agent."),
     kto_steps: int = typer.Option(4, min=1, help="KTO training steps."),
@@ -32,7 +32,7 @@ report."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    from flowrl.demo.run import Demo, DemoConfig, StageResult
+    from flowrl.demo.run import Demo, DemoConfig, StageResult  # lazy: keeps `flowrl --help` fast
 
     cfg = DemoConfig(
         out=out,

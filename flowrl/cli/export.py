@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export)
 
 
-def export(
+def export(  # noqa: PLR0913  # a typer command: one parameter per option
     model: Path = typer.Option(
         ..., "--model", help="Adapter folder from `flowrl train`, or a merged Hugging Face model folder."
     ),
@@ -49,8 +49,8 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an export already in --out."),
 ) -> None:
     """Merge the LoRA adapter, write GGUF (quantised in Python), verify it, and write an Ollama Modelfile."""
-    from flowrl.export.errors import ExportError
-    from flowrl.export.pipeline import ExportPipeline
+    from flowrl.export.errors import ExportError  # lazy: keeps `flowrl --help` fast
+    from flowrl.export.pipeline import ExportPipeline  # lazy: keeps `flowrl --help` fast
 
     if no_verify and verify not in (None, "none"):
         raise ExportError(f"--no-verify and --verify {verify} contradict each other: give one of them")

@@ -9,6 +9,8 @@ from typing import Any, cast
 
 import typer
 
+from flowrl.cli.common import example_agent
+
 METHOD_HELP = (
     "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade."
 )
@@ -42,7 +44,7 @@ def _progress_ui():
     return progress, on_progress, on_stage
 
 
-def improve_cmd(
+def improve_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
     out: Path = typer.Option(Path("improve-out"), "--out", "-o", help="Folder for every round (resumable)."),
     agent: str | None = typer.Option(
         None,
@@ -105,7 +107,7 @@ def improve_cmd(
     runs on the round's policy, served as an OpenAI-compatible endpoint."""
     import contextlib
 
-    from flowrl.improve.loop import ImproveConfig, improve
+    from flowrl.improve.loop import ImproveConfig, improve  # lazy: keeps `flowrl --help` fast
 
     progress, on_progress, on_stage = _progress_ui()
     with contextlib.ExitStack() as stack:
@@ -153,17 +155,17 @@ def _agent_and_tasks(
     seed: int,
 ) -> tuple[Any, list[Any], list[Any], Any]:
     """(factory, train tasks, held-out tasks, grade): the user's, or the example agent's."""
-    from flowrl.errors import ConfigError
+    from flowrl.errors import ConfigError  # lazy: keeps `flowrl --help` fast
 
     if agent is None:
         if tasks is not None or grade is not None or agent_python is not None:
             raise ConfigError(
                 "--tasks, --grade and --agent-python go with --agent MODULE:FACTORY (the example agent has its own)"
             )
-        from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
-
-        train, held_out = example_tasks(train_tasks or 200, eval_tasks or 150, seed=seed)
-        return stack.enter_context(ExampleAgents()), train, held_out, example_grade
+        example = example_agent()
+        train, held_out = example.example_tasks(train_tasks or 200, eval_tasks or 150, seed=seed)
+        return stack.enter_context(example.ExampleAgents()), train, held_out, example.example_grade
+    # lazy: keeps `flowrl --help` fast
     from flowrl.improve.user import default_grade, load_object, load_tasks, split_tasks
 
     if tasks is None:
@@ -171,7 +173,7 @@ def _agent_and_tasks(
     train, held_out = split_tasks(load_tasks(tasks), train_tasks, eval_tasks, seed=seed)
     grader = load_object(grade, "--grade") if grade else default_grade
     if agent_python is not None:
-        from flowrl.improve.process import AgentProcess
+        from flowrl.improve.process import AgentProcess  # lazy: keeps `flowrl --help` fast
 
         return AgentProcess(agent, agent_python), train, held_out, grader
     return load_object(agent, "--agent"), train, held_out, grader

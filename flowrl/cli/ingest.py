@@ -71,7 +71,7 @@ def ingest_cmd(
 ) -> None:
     """Read FlowAgent checkpoints (V2 and V1), obs run/live files, rl_traces JSON, OpenTelemetry traces (OTLP JSON
     lines or protobuf: gen_ai, OpenInference) and OpenAI-format chat logs into the trace store."""
-    from flowrl.ingest import ingest_paths
+    from flowrl.ingest import ingest_paths  # lazy: keeps `flowrl --help` fast
 
     st = open_store(store)
     count = [0]
@@ -101,7 +101,7 @@ def watch_cmd(
     """Ingest new and changed checkpoints and obs files as FlowAgent writes them; Ctrl-C stops cleanly."""
     import warnings
 
-    from flowrl.ingest.watch import Watcher
+    from flowrl.ingest.watch import Watcher  # lazy: keeps `flowrl --help` fast
 
     # watchdog 7.1 warns each time it re-adds a watch for a directory created in a burst; harmless noise
     warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
@@ -135,8 +135,8 @@ def serve_otlp_cmd(
     """Receive OTLP/HTTP traces (POST /v1/traces, JSON or protobuf) and write the agent runs into the store.
 
     Point an instrumented application at it with OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; Ctrl-C stops."""
-    from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server
-    from flowrl.localhost import LOCAL_HOSTS
+    from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server  # lazy: keeps `flowrl --help` fast
+    from flowrl.localhost import LOCAL_HOSTS  # lazy: keeps `flowrl --help` fast
 
     st = open_store(store)
     receiver = OTLPReceiver(st, pending_s=pending)

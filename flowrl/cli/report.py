@@ -15,7 +15,7 @@ def report(
     run: list[Path] = typer.Option([], "--run", help="Output dir of `flowrl train` or `flowrl eval` (repeatable)."),
 ) -> None:
     """Write an HTML report: traces per day, rewards, labels, tools, training curves, before/after eval."""
-    from flowrl.report import make_report
+    from flowrl.report import make_report  # lazy: keeps `flowrl --help` fast
 
     st = open_store(store)
     result = make_report(st, out, run)

@@ -32,12 +32,12 @@ def review(
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        from flowrl.review import MISSING_EXTRA
+        from flowrl.review import MISSING_EXTRA  # lazy: keeps `flowrl --help` fast
 
         err_console.print(MISSING_EXTRA, highlight=False, markup=False)
         raise typer.Exit(1) from None
-    from flowrl.localhost import LOCAL_HOSTS
-    from flowrl.review.app import create_app
+    from flowrl.localhost import LOCAL_HOSTS  # lazy: keeps `flowrl --help` fast
+    from flowrl.review.app import create_app  # lazy: keeps `flowrl --help` fast
 
     if group_by not in ("query", "group_key"):
         raise ConfigError(f"--group-by {group_by!r}: use query or group_key")

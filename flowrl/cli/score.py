@@ -145,7 +145,7 @@ def score_cmd(
                         st, engine, rescore_all=all_, progress=progress, workers=workers, max_error_rate=max_error_rate
                     )
                 else:  # imported here: without --ray, nothing imports ray
-                    from flowrl.rewards.ray_scoring import score_store_ray
+                    from flowrl.rewards.ray_scoring import score_store_ray  # lazy: keeps `flowrl --help` fast
 
                     summary = score_store_ray(
                         st,

@@ -11,7 +11,7 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def serve(
+def serve(  # noqa: PLR0913  # a typer command: one parameter per option
     model: str = typer.Argument(
         ...,
         help=(
@@ -45,10 +45,10 @@ def serve(
 
     Point a FlowAgent at it with flowrl.serve.client.use_served(agent, URL, NAME) (LiteLLM model string
     openai/NAME), or any OpenAI client with base_url=URL."""
-    from flowrl.localhost import LOCAL_HOSTS, check_host
-    from flowrl.serve import load
-    from flowrl.serve.model import ServedModel
-    from flowrl.serve.server import REMOTE_RISK, start
+    from flowrl.localhost import LOCAL_HOSTS, check_host  # lazy: keeps `flowrl --help` fast
+    from flowrl.serve import load  # lazy: keeps `flowrl --help` fast
+    from flowrl.serve.model import ServedModel  # lazy: keeps `flowrl --help` fast
+    from flowrl.serve.server import REMOTE_RISK, start  # lazy: keeps `flowrl --help` fast
 
     check_host(host, allow_remote, "flowrl serve", REMOTE_RISK)  # before the model loads, not after
     plan = load.plan(model, engine=engine, base_model=base_model, tokenizer=tokenizer)

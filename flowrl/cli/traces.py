@@ -69,7 +69,7 @@ def _fit_columns(rows: list[dict[str, str]], width: int) -> tuple[dict[str, int]
 
 
 @traces_app.command("ls")
-def ls(
+def ls(  # noqa: PLR0913  # a typer command: one parameter per option
     store: Path | None = StoreOption,
     since: str | None = typer.Option(None, help="First day, YYYY-MM-DD."),
     until: str | None = typer.Option(None, help="Last day, YYYY-MM-DD."),

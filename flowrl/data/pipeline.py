@@ -175,7 +175,7 @@ class _Source:
 class DatasetPipeline:
     """Runs one builder over a store with filters, grouping, deduplication and the train/validation split."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only options of a dataset build
         self,
         builder: DatasetBuilder,
         *,

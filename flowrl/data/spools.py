@@ -20,6 +20,8 @@ from typing import IO, Any
 
 import orjson
 
+from flowrl.data.arrow_json import lines, sizes
+
 SPOOL_BATCH = 1024  # rows per Arrow batch of a spool
 WRITE_BATCH = 1000  # rows per batch of a final Arrow file (`datasets`' default)
 BUCKETS = 64  # a finish holds one bucket (1/64 of a split) in memory at a time
@@ -145,8 +147,6 @@ class SpoolSet:
         import numpy as np
         import pyarrow as pa
 
-        from flowrl.data.arrow_json import sizes
-
         if not self._waiting:
             return
         keys = np.concatenate([w[0] for w in self._waiting])
@@ -245,8 +245,6 @@ class _Spooled:
         """The lines of the rows `chunk` (`taken`, their Arrow rows): spooled, or made (`arrow_json.lines`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
-
-        from flowrl.data.arrow_json import lines
 
         made = self.made[chunk.to_numpy()]
         if self.spooled is None or made.all():

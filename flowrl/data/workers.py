@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowrl.data.columnar_kto import materialize
+from flowrl.data.spools import SpoolSet, finish_part
 from flowrl.errors import FlowRLError
+from flowrl.store.segments.format import Segment
+from flowrl.store.segments.fs import Root
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +152,6 @@ def _main(k: int, root_url: str, schema: Any, folder: str, tasks: Any, go: Any, 
         # makes and drops a segment's rows at a time pays for in memory
         pa.set_memory_pool(pa.system_memory_pool())
         _fixed_mmap_threshold()
-        from flowrl.data.columnar_kto import materialize
-        from flowrl.data.spools import SpoolSet, finish_part
-        from flowrl.store.segments.format import Segment
-        from flowrl.store.segments.fs import Root
-
         root = Root(root_url)
         spools = SpoolSet(Path(folder), schema)
         while True:

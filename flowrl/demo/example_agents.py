@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowrl.demo.agent import ExampleAgent
 from flowrl.engines.chat_backend import Completion, flatten_message
 from flowrl.engines.policy import Policy
+from flowrl.rewards.sandbox import Sandbox
+from flowrl.serve.client import ServedBackend
+from flowrl.train.agent_rollout import AgentAdapter
 
 
 class _TextBackend:
@@ -32,8 +36,6 @@ class ExampleAgents:
         self._sandbox: Any = None
 
     def __enter__(self) -> ExampleAgents:
-        from flowrl.rewards.sandbox import Sandbox
-
         self._sandbox = Sandbox(workers=1).__enter__()
         return self
 
@@ -43,8 +45,6 @@ class ExampleAgents:
             self._sandbox = None
 
     def backend(self, policy: Policy) -> Any:
-        from flowrl.serve.client import ServedBackend
-
         client = ServedBackend(
             policy.base_url,
             policy.model,
@@ -55,8 +55,6 @@ class ExampleAgents:
         return _TextBackend(client)
 
     def __call__(self, policy: Policy) -> Any:
-        from flowrl.demo.agent import ExampleAgent
-
         if self._sandbox is None:
             raise RuntimeError("use ExampleAgents as a context manager (it owns the code sandbox)")
         return ExampleAgent(self.backend(policy), sandbox=self._sandbox, seed=policy.seed)
@@ -64,7 +62,7 @@ class ExampleAgents:
 
 def example_tasks(train_tasks: int, eval_tasks: int, *, seed: int = 0) -> tuple[list[Any], list[Any]]:
     """`train_tasks` and `eval_tasks` tasks of the generated suite, from its two disjoint parts."""
-    from flowrl.demo import suite as tasks_suite
+    from flowrl.demo import suite as tasks_suite  # lazy: the package's __init__ imports this module
 
     tasks = tasks_suite.suite(seed=seed)
     train, held_out = tasks_suite.split(tasks, held_out=max(eval_tasks, 150), seed=seed)
@@ -72,7 +70,7 @@ def example_tasks(train_tasks: int, eval_tasks: int, *, seed: int = 0) -> tuple[
 
 
 def example_grade(task: Any, answer: str) -> bool:
-    from flowrl.demo import suite as tasks_suite
+    from flowrl.demo import suite as tasks_suite  # lazy: the package's __init__ imports this module
 
     return bool(tasks_suite.grade(task, answer))
 
@@ -81,10 +79,6 @@ def example_adapter(train_tasks: int = 400, seed: int = 0) -> Any:
     """The example agent for online GRPO (`flowrl train --method grpo --agent example`): an `ExampleAgent` per
     rollout on the policy's backend, its tools executed (`exec_code` in one shared sandbox, started on the first
     rollout), on the training part of the generated suite, each task's answer its reference."""
-    from flowrl.demo.agent import ExampleAgent
-    from flowrl.rewards.sandbox import Sandbox
-    from flowrl.train.agent_rollout import AgentAdapter
-
     sandbox: dict[str, Any] = {}
 
     def make_agent(backend: Any) -> Any:

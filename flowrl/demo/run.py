@@ -27,7 +27,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrl.capture import hook_into_agent
+from flowrl.data import DatasetPipeline
+from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
+from flowrl.demo.tasks import TASKS, annotate, answer_matches
+from flowrl.export import ExportPipeline
+from flowrl.improve import ImproveConfig, ImproveError, improve
+from flowrl.ingest import ingest_paths
+from flowrl.methods import make_builder
+from flowrl.models import default_model_dir, resolve_model
+from flowrl.report import make_report
+from flowrl.report.metrics import read_jsonl
+from flowrl.rewards import RewardEngine, score_store
+from flowrl.serve.policies import PolicyServer
 from flowrl.store.files import TraceStore
+from flowrl.train import TrainingConfig, TrainingPipeline
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +149,12 @@ class Demo:
 
     # -- stages ----------------------------------------------------------------------------------
     def stage_model(self) -> tuple[str, bool]:
-        from flowrl.models import default_model_dir, resolve_model
-
         cached = (default_model_dir() / "config.json").exists()
         resolved = resolve_model(self.cfg.base_model)
         self.model_dir = Path(resolved.path)
         return f"{self.cfg.base_model} at {self.model_dir}", cached
 
     def stage_collect(self) -> tuple[str, bool]:
-        from flowrl.demo.tasks import TASKS
-
         want = len(TASKS) * self.cfg.repeats
         have = sum(1 for t in self.store.iter_traces(source="live", agent="example_agent"))
         if not self.cfg.fresh and have >= want:
@@ -152,11 +162,6 @@ class Demo:
         return asyncio.run(self._collect(TASKS, want - have)), False
 
     async def _collect(self, tasks: Any, runs: int) -> str:
-        from flowrl.capture import hook_into_agent
-        from flowrl.demo.example_agents import ExampleAgents
-        from flowrl.demo.tasks import annotate, answer_matches
-        from flowrl.serve.policies import PolicyServer
-
         plan = [tasks[i % len(tasks)] for i in range(runs)]
         correct = 0
         with PolicyServer(str(self.model_dir or self.cfg.base_model)) as server, ExampleAgents() as agents:
@@ -181,8 +186,6 @@ class Demo:
     def stage_ingest(self) -> tuple[str, bool]:
         from importlib.resources import as_file
 
-        from flowrl.ingest import ingest_paths
-
         with contextlib.ExitStack() as stack:
             data = self.cfg.flowagent_data or stack.enter_context(as_file(flowagent_fixtures()))
             s = ingest_paths([data], self.store)
@@ -192,8 +195,6 @@ class Demo:
         )
 
     def stage_score(self) -> tuple[str, bool]:
-        from flowrl.rewards import RewardEngine, score_store
-
         with RewardEngine() as engine:
             s = score_store(self.store, engine, progress=None)
         if s.scored == 0:
@@ -202,9 +203,6 @@ class Demo:
         return f"scored {s.scored} of {s.seen} traces; labels good {s.good} / bad {s.bad}; means: {means}", False
 
     def stage_build(self) -> tuple[str, bool]:
-        from flowrl.data import DatasetPipeline
-        from flowrl.methods import make_builder
-
         lines = []
         for method in ("kto", "grpo"):
             pipe = DatasetPipeline(make_builder(method), val_fraction=0.3, seed=self.cfg.seed)
@@ -213,8 +211,6 @@ class Demo:
         return "; ".join(lines), False
 
     def _train(self, method: str, steps: int) -> Path:
-        from flowrl.train import TrainingConfig, TrainingPipeline
-
         out = self.out / "runs" / method
         if self._done(out / "adapter_config.json"):
             return out
@@ -249,9 +245,6 @@ class Demo:
         return "; ".join(parts), reused
 
     def stage_improve(self) -> tuple[str, bool]:
-        from flowrl.demo.example_agents import ExampleAgents, example_grade, example_tasks
-        from flowrl.improve import ImproveConfig, ImproveError, improve
-
         cfg = self.cfg
         out = self.out / "improve"
         last = out / f"round-{cfg.improve_rounds}" / "eval.json"
@@ -290,8 +283,6 @@ class Demo:
         return f"{engines[0] if engines else 'reused'}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
 
     def stage_export(self) -> tuple[str, bool]:
-        from flowrl.export import ExportPipeline
-
         out = self.out / "export"
         found = sorted(out.glob("*.gguf")) if out.exists() else []
         if found and not self.cfg.fresh:
@@ -302,8 +293,6 @@ class Demo:
         return _export_summary(res), False
 
     def stage_report(self) -> tuple[str, bool]:
-        from flowrl.report import make_report
-
         runs = [p for p in (self.out / "runs", self.out / "improve") if p.exists()]
         res = make_report(self.store, self.out / "report", runs)
         self.result.report = res.html
@@ -334,8 +323,6 @@ def _quiet(log_path: Path) -> Iterator[None]:
 
 def _last_metrics(path: Path) -> dict[str, Any]:
     """The latest value of every metric a training run logged (`flowrl train`'s metrics.jsonl)."""
-    from flowrl.report.metrics import read_jsonl
-
     last: dict[str, Any] = {}
     for row in read_jsonl(path) if path.exists() else []:
         if "step" in row:

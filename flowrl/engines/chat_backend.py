@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowrl.data.tokens import fingerprint
 from flowrl.errors import ConfigError, require
 
 
@@ -77,8 +78,6 @@ class TokensInBackend:
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else eos if eos is not None else 0)
         self._also_stop_at(None)
-        from flowrl.data.tokens import fingerprint
-
         self.fingerprint = fingerprint(self.tokenizer)
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from flowrl.engines.llama_cpp_backend import INSTALL_HINT, llama_cpp_available
 from flowrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,7 @@ ENGINES = ("auto", "llama-server", "llama.cpp", "transformers")
 def pick_engine(engine: str, *, batched: bool = False) -> str:
     """`engine`, with `auto` made concrete (and a fallback logged). `batched`: the caller runs many sequences
     with adapters chosen per request (`flowrl improve`, `flowrl eval`), which llama.cpp in-process cannot."""
-    from flowrl.engines import llama_server
-    from flowrl.engines.llama_cpp_backend import INSTALL_HINT, llama_cpp_available
+    from flowrl.engines import llama_server  # lazy: the package's __init__ imports this module
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")

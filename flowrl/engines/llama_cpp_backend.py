@@ -35,7 +35,10 @@ from typing import Any
 
 from flowrl.engines.chat_backend import TokensInBackend
 from flowrl.errors import ConfigError, FlowRLError
+from flowrl.export.gguf_writer import GGUFExporter
 from flowrl.export.llama_quiet import ignore_llama_devnull
+from flowrl.export.merge import merge_adapter
+from flowrl.models import models_dir
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +84,6 @@ def gguf_for(
     model_dir: str | Path, adapter: str | Path | None = None, *, quant: str = "q8_0", cache_dir: Path | None = None
 ) -> Path:
     """A GGUF of `model_dir` (with `adapter` merged in), written once and cached by what it was made from."""
-    from flowrl.export.gguf_writer import GGUFExporter
-    from flowrl.models import models_dir
-
     model_dir = Path(model_dir).resolve()
     adapter = Path(adapter).resolve() if adapter else None
     key = _key(model_dir, _weights_key(model_dir), adapter, _weights_key(adapter) if adapter else None, quant)
@@ -93,8 +93,6 @@ def gguf_for(
     if adapter is None:
         GGUFExporter(quant).export(model_dir, out)
         return out
-    from flowrl.export.merge import merge_adapter
-
     work = Path(tempfile.mkdtemp(prefix="flowrl-merge-"))
     try:
         merged = merge_adapter(adapter, work / "merged", base_model=str(model_dir))
@@ -109,7 +107,7 @@ class LlamaCppBackend(TokensInBackend):
     LoRA folder) merged in. `gguf` uses a GGUF file you already have instead (its vocabulary must be
     `model_dir`'s). Safe to call from many threads (one call runs at a time)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only engine options
         self,
         model_dir: str | Path,
         *,

@@ -134,7 +134,7 @@ class LlamaServer:
     `slots` sequences are decoded together, each with `ctx_per_slot` tokens of context; `threads` defaults to
     the cores. Safe to call `generate` from many threads at once: that is how batching happens."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only server options
         self,
         gguf: str | Path,
         *,

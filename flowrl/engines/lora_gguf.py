@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
+from flowrl.export.gguf_arch import tensor_transform
+from flowrl.export.gguf_writer import arch_spec, read_config, write_gguf
+from flowrl.export.quantize import TensorPlan
 
 _PREFIXES = ("base_model.model.",)
 
@@ -68,10 +71,6 @@ def write_lora_gguf(adapter: str | Path, base_model: str | Path, out: str | Path
     `out`, atomically; returns `out`."""
     import gguf
     import numpy as np
-
-    from flowrl.export.gguf_arch import tensor_transform
-    from flowrl.export.gguf_writer import arch_spec, read_config, write_gguf
-    from flowrl.export.quantize import TensorPlan
 
     adapter, base_model, out = Path(adapter), Path(base_model), Path(out)
     config = _adapter_config(adapter)

@@ -26,7 +26,7 @@ class LlamaServerBackend(TokensInBackend):
 
     concurrent = True  # `generate` may be called from many threads at once, each with its own sampling
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only engine options
         self,
         model_dir: str | Path,
         server: LlamaServer,

@@ -119,7 +119,7 @@ class TransformersBackend(TokensInBackend):
     likely tokens, then to the smallest set holding `top_p` of the mass (as transformers' `generate` does);
     greedy when temperature is 0. The pad token is never picked, unless it also ends a turn."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only engine options
         self,
         model_dir: str | Path,
         *,

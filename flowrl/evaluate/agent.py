@@ -23,6 +23,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from flowrl.capture import hook_into_agent
+from flowrl.store.files import TraceStore
+
 log = logging.getLogger(__name__)
 
 
@@ -104,9 +107,6 @@ def run_arms(
         agent = factory()
         hook = None
         if store_root is not None:
-            from flowrl.capture import hook_into_agent
-            from flowrl.store.files import TraceStore
-
             hook = hook_into_agent(agent, store=TraceStore(Path(store_root) / name), **(hook_options or {}))
         try:
             progress = (lambda n, _name=name: on_progress(_name, n, len(tasks))) if on_progress else None

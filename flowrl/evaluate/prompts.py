@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError, require
-from flowrl.models import ResolvedModel, load_for_inference, resolve_model
+from flowrl.models import ResolvedModel, adapter_base, load_for_inference, resolve_model
 from flowrl.rewards.base import prompt_text
+from flowrl.rewards.engine import RewardEngine
 from flowrl.trace.facts import REFERENCE_KEYS, reference_in
 from flowrl.trace.schema import ExecutionTrace
 from flowrl.train.data_io import load_dataset_dir
@@ -186,7 +187,7 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def evaluate(
+def evaluate(  # noqa: PLR0913  # keyword-only options of `flowrl eval --prompts`
     model: str,
     prompts: Path | str,
     *,
@@ -199,8 +200,6 @@ def evaluate(
     rewards: list[str] | None = None,
 ) -> EvalReport:
     """Generate, score and report for `model` and (if any) `baseline`. See the module docstring."""
-    from flowrl.rewards.engine import RewardEngine
-
     started = time.perf_counter()
     subjects: dict[str, ResolvedModel] = {"model": resolve_model(model)}  # first: a wrong --model fails at once
     if baseline is None:
@@ -278,8 +277,6 @@ def default_baseline(model: str) -> str | None:
             except (OSError, ValueError, KeyError, TypeError):
                 break
     if (path / "adapter_config.json").is_file():
-        from flowrl.models import adapter_base
-
         return adapter_base(path)
     return None
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.evaluate.stats import SEED, mcnemar_exact, paired_bootstrap_diff, wilson_interval
+from flowrl.store.files import atomic_write_bytes
 
 TOLERANCE = 1e-9
 
@@ -171,8 +172,6 @@ def verify(data: dict[str, Any], *, seed: int = SEED) -> list[str]:
 
 def write_eval_json(path: Path | str, data: dict[str, Any]) -> None:
     """Write `data` (shape-checked) to `path` atomically: a reader sees the old file or the new one."""
-    from flowrl.store.files import atomic_write_bytes
-
     path = Path(path)
     problem = shape_error(data)
     if problem:

@@ -17,6 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.scoring import score_store
+from flowrl.store.files import TraceStore, atomic_write_bytes
+
 TaskOf = Callable[[Any], str | None]  # trace -> task id
 
 
@@ -30,10 +34,6 @@ def reward_means(
     stores: dict[str, Path], task_ids: list[str], *, task_of: TaskOf = eval_task_id, engine: Any = None
 ) -> dict[str, Any]:
     """Score every arm's store (what is not scored yet) and average each reward per arm over the shared tasks."""
-    from flowrl.rewards.engine import RewardEngine
-    from flowrl.rewards.scoring import score_store
-    from flowrl.store.files import TraceStore
-
     wanted = set(task_ids)
     per_arm: dict[str, dict[str, dict[str, float | None]]] = {}
     errors: dict[str, int] = {}
@@ -77,8 +77,6 @@ def reward_means(
 
 
 def write_rewards_json(path: Path, data: dict[str, Any]) -> None:
-    from flowrl.store.files import atomic_write_bytes
-
     atomic_write_bytes(Path(path), json.dumps(data, indent=2).encode("utf-8"))
 
 

@@ -41,6 +41,7 @@ from flowrl.export.gguf_arch import (  # ArchSpec, ARCHITECTURES, arch_spec: re-
     tensor_transform,
 )
 from flowrl.export.quantize import TensorPlan, check_quant, encode, file_type, plan_tensor
+from flowrl.export.vocab import add_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,6 @@ class GGUFExporter:
             self._add_metadata(writer, config, model_dir)
             if spec.extra_metadata is not None:
                 result.warnings.extend(spec.extra_metadata(writer, config))
-            from flowrl.export.vocab import add_tokenizer
-
             vocab = add_tokenizer(writer, model_dir, int(config["vocab_size"]))
             result.warnings.extend(vocab.warnings)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from flowrl.errors import FlowRLError, require
 from flowrl.export.errors import ExportError
+from flowrl.models import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,6 @@ def _resolve_base(adapter_dir: Path, base: str) -> str:
         if (candidate / "config.json").is_file():
             return str(candidate.resolve())
     try:  # flowrl's model names (`smollm2-135m`, the embedded default) resolve like `flowrl train` resolves them
-        from flowrl.models import resolve_model
-    except ImportError:  # pragma: no cover - flowrl.train is part of the package
-        return base
-    try:
         return resolve_model(base).path
     except FlowRLError as exc:
         raise ExportError(

@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowrl.export.errors import ExportError, VerificationError
+from flowrl.export.gguf_writer import GGUFExporter
+from flowrl.export.merge import merge_adapter, model_kind
+from flowrl.export.ollama import OllamaDeployer
 from flowrl.export.quantize import check_quant
+from flowrl.export.verify import verify_gguf
+from flowrl.export.verify_llama import require_llama_cpp, verify_gguf_llama
 
 if TYPE_CHECKING:
     from flowrl.export.verify import VerificationReport
@@ -79,7 +84,7 @@ class ExportResult:
 class ExportPipeline:
     """Run the whole export. `progress(step)` is called with a short text before each step (for a CLI)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only options of `flowrl export`
         self,
         model: str | os.PathLike[str],
         out_dir: str | os.PathLike[str],
@@ -105,8 +110,6 @@ class ExportPipeline:
         self.verifiers = verifiers(verify)
         self.verify = {0: "none", 2: "both"}.get(len(self.verifiers)) or self.verifiers[0]
         if "llama.cpp" in self.verifiers and format == "gguf":
-            from flowrl.export.verify_llama import require_llama_cpp
-
             require_llama_cpp()  # fail before the merge, not minutes later
         self.base_model = base_model
         self.dtype = dtype
@@ -116,8 +119,6 @@ class ExportPipeline:
         self.overwrite = overwrite
 
     def run(self) -> ExportResult:
-        from flowrl.export.merge import merge_adapter, model_kind
-
         kind = model_kind(self.model)  # fails fast on a folder without adapter or config
         self._prepare_out()
         self.progress("merging the adapter into the base model" if kind == "adapter" else "using the full model as is")
@@ -131,8 +132,6 @@ class ExportPipeline:
             source = self._gguf(merged.path, result)
 
         self.progress("writing the Ollama Modelfile")
-        from flowrl.export.ollama import OllamaDeployer
-
         deployer = OllamaDeployer(self.ollama_name or self.name)
         result.modelfile = deployer.write_modelfile(source, merged.path, self.out_dir)
         result.ollama_command = " ".join(deployer.command(result.modelfile))
@@ -166,8 +165,6 @@ class ExportPipeline:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
     def _gguf(self, model_dir: Path, result: ExportResult) -> Path:
-        from flowrl.export.gguf_writer import GGUFExporter
-
         path = self.out_dir / f"{self.name}-{self.quant}.gguf"
         self.progress(f"writing {path.name}")
         written = GGUFExporter(self.quant, name=self.ollama_name or self.name).export(model_dir, path)
@@ -185,9 +182,6 @@ class ExportPipeline:
 
     def _verify(self, verifier: str, path: Path, model_dir: Path) -> VerificationReport:
         """Run one verifier on `path`; on failure rename the file so no Modelfile can use it, and re-raise."""
-        from flowrl.export.verify import verify_gguf
-        from flowrl.export.verify_llama import verify_gguf_llama
-
         check: Callable[..., VerificationReport] = verify_gguf
         if verifier == "llama.cpp":
             self.progress("verifying: running the GGUF in llama.cpp and comparing logits")

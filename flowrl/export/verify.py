@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.export.errors import VerificationError
+from flowrl.export.gguf_writer import arch_spec, read_config
 from flowrl.export.quantize import check_quant, plan_tensor
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,6 @@ def _simulate_quantisation(model: Any, config: dict[str, Any], quant: str) -> No
     import gguf
     import torch
 
-    from flowrl.export.gguf_writer import arch_spec
-
     _, spec = arch_spec(config)
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.gguf_arch)
     name_map = gguf.get_tensor_name_map(arch_enum, int(config["num_hidden_layers"]))
@@ -212,8 +211,6 @@ def verify_gguf(
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from flowrl.export.gguf_writer import read_config
 
     gguf_path, reference_dir = Path(gguf_path), Path(reference_dir)
     quant = check_quant(quant)

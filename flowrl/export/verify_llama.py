@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.export.errors import ExportError, VerificationError
+from flowrl.export.gguf_writer import read_config
+from flowrl.export.llama_quiet import ignore_llama_devnull
 from flowrl.export.quantize import check_quant
 from flowrl.export.verify import (
     DEFAULT_PROMPTS,
@@ -68,8 +70,6 @@ LLAMA_CONVERSION_TOLERANCES: dict[str, float] = {
 
 def require_llama_cpp() -> Any:
     """The `llama_cpp` module, or an ExportError (one line) saying how to install it: never a silent fall-back."""
-    from flowrl.export.llama_quiet import ignore_llama_devnull
-
     ignore_llama_devnull()
     try:
         import llama_cpp
@@ -136,8 +136,6 @@ def verify_gguf_llama(
     """
     import torch
     from transformers import AutoTokenizer
-
-    from flowrl.export.gguf_writer import read_config
 
     gguf_path, reference_dir = Path(gguf_path), Path(reference_dir)
     quant = check_quant(quant)

@@ -18,8 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from flowrl.capture import hook_into_agent
+from flowrl.capture.flowagent import is_flowagent
 from flowrl.engines.policy import Policy
 from flowrl.errors import FlowRLError
+from flowrl.store.files import TraceStore
 
 
 class Opened(Protocol):
@@ -45,9 +48,6 @@ class InProcess:
     def open(
         self, policy: Policy, *, store: Path, metadata: dict[str, Any], hook_options: dict[str, Any], concurrency: int
     ) -> Iterator[Opened]:
-        from flowrl.capture import hook_into_agent
-        from flowrl.store.files import TraceStore
-
         agent, options = driven(self.factory(policy), hook_options)
         hook = hook_into_agent(agent, store=TraceStore(store), metadata=metadata, **options)
         opened = _Hooked(agent)
@@ -78,8 +78,6 @@ def driven(agent: Any, hook_options: dict[str, Any]) -> tuple[Any, dict[str, Any
     `hook_options`, as it is; any other agent through `Driven`, so each run's trace carries the loop's session id
     (what the verdicts are keyed by) whatever the agent's entry point takes, its OpenAI SDK and LiteLLM calls
     recorded as its LLM calls."""
-    from flowrl.capture.flowagent import is_flowagent
-
     if hook_options or is_flowagent(agent):
         return agent, dict(hook_options)
     return Driven(agent), {"run_methods": ["a_run"], "agent_name": type(agent).__name__}

@@ -35,9 +35,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from flowrl.data import DatasetPipeline
 from flowrl.engines.policy import Policy
 from flowrl.errors import FlowRLError
+from flowrl.evaluate.agent import run_tasks
+from flowrl.evaluate.results import format_table, summarize, write_eval_json
+from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
+from flowrl.methods import make_builder
+from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.scoring import score_store
+from flowrl.serve.policies import PolicyServer
+from flowrl.store.files import TraceStore, atomic_write_bytes
+from flowrl.train import TrainingConfig, TrainingPipeline
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +117,6 @@ class RoundResult:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from flowrl.store.files import atomic_write_bytes
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"))
 
@@ -149,8 +157,6 @@ class Improve:
     def run(self) -> list[RoundResult]:
         if self.policies is not None:
             return self._rounds()
-        from flowrl.serve.policies import PolicyServer
-
         with PolicyServer(
             self.cfg.base_model,
             engine=self.cfg.engine,
@@ -186,17 +192,15 @@ class Improve:
         collected, right = self.collect(r, previous)
         datasets = self.select(r)
         longest = datasets.get("longest_tokens")
-        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], longest)}
-        if "control" in datasets:
-            adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], longest)
+        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
+        if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
+            adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], "sft", longest)
         eval_path = folder / "eval.json"
         data = self.evaluate(eval_path, base, adapters)
         return RoundResult(r, collected, right, datasets["n_selected"], adapters[f"round-{r}"], eval_path, data["arms"])
 
     # -- 1. collect ----------------------------------------------------------------------------------
     def store(self) -> Any:
-        from flowrl.store.files import TraceStore
-
         return TraceStore(self.out / "traces")
 
     def collect(self, r: int, adapter: Path | None) -> tuple[int, int]:
@@ -241,9 +245,6 @@ class Improve:
 
     # -- 2. score, 3. select ---------------------------------------------------------------------------
     def select(self, r: int) -> dict[str, Any]:
-        from flowrl.rewards.engine import RewardEngine
-        from flowrl.rewards.scoring import score_store
-
         folder = self.out / f"round-{r}"
         marker = folder / "select.json"
         if marker.exists():
@@ -296,9 +297,6 @@ class Improve:
         return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
-        from flowrl.data import DatasetPipeline
-        from flowrl.methods import make_builder
-
         method = method or self.cfg.method
         options: dict[str, Any] = {"select": "label"} if method == "sft" else {}
         builder = make_builder(method, **options)
@@ -307,14 +305,12 @@ class Improve:
         )
 
     # -- 4. train --------------------------------------------------------------------------------------
-    def train(self, out: Path, dataset: Path, longest: int | None = None) -> Path:
+    def train(self, out: Path, dataset: Path, method: str, longest: int | None = None) -> Path:
         if (out / "adapter_config.json").exists():
             self.on_stage("train", f"{out.relative_to(self.out)} already trained (reused)")
             return out
-        from flowrl.train import TrainingConfig, TrainingPipeline
-
         cfg = TrainingConfig(
-            method=self.cfg.method if "control" not in out.name else "sft",
+            method=method,
             dataset=dataset,
             base_model=self.cfg.base_model,
             output_dir=out,
@@ -365,7 +361,6 @@ class Improve:
     ) -> tuple[dict[str, bool], dict[str, int]]:
         """Every task through the agent opened on `policy` and hooked into `store` (each run under the session id
         `session(task)`), graded; (task_id -> outcome, the hook's counters)."""
-        from flowrl.evaluate.agent import run_tasks
 
         async def run(agent: Any, task: Any) -> str:
             return str(await agent.a_run(task.query, session(task)))
@@ -401,8 +396,6 @@ class Improve:
         return outcomes
 
     def evaluate(self, path: Path, base: dict[str, bool], adapters: dict[str, Path]) -> dict[str, Any]:
-        from flowrl.evaluate.results import format_table, summarize, write_eval_json
-
         if path.exists():
             data = json.loads(path.read_text())
             self.on_stage("eval", f"{path.relative_to(self.out)} already written (reused)")
@@ -420,8 +413,6 @@ class Improve:
 
     def secondary(self, path: Path, arms: list[str]) -> None:
         """Each reward's mean per arm over the same held-out tasks (`flowrl.evaluate.secondary`)."""
-        from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
-
         stores = {arm: self.out / "eval-traces" / arm for arm in arms}
         data = reward_means(stores, [t.task_id for t in self.eval_tasks])
         write_rewards_json(path, data)

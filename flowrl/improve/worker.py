@@ -30,6 +30,13 @@ import threading
 import traceback
 from typing import IO, Any
 
+from flowrl.capture import hook_into_agent
+from flowrl.capture.flowagent import pending_commits
+from flowrl.engines.policy import Policy
+from flowrl.improve.agents import driven, run_agent
+from flowrl.improve.user import load_object
+from flowrl.store.files import TraceStore
+
 
 def _send(out: IO[str], lock: threading.Lock, message: dict[str, Any]) -> None:
     line = json.dumps(message, default=str)
@@ -42,12 +49,6 @@ def _build(config: dict[str, Any]) -> tuple[Any, Any]:
     """(agent as the loop drives it, its hook)."""
     from pathlib import Path
 
-    from flowrl.capture import hook_into_agent
-    from flowrl.engines.policy import Policy
-    from flowrl.improve.agents import driven
-    from flowrl.improve.user import load_object
-    from flowrl.store.files import TraceStore
-
     spec = dict(config["policy"])
     spec["adapter"] = Path(spec["adapter"]) if spec.get("adapter") else None
     factory = load_object(config["factory"], "--agent")
@@ -58,8 +59,6 @@ def _build(config: dict[str, Any]) -> tuple[Any, Any]:
 
 async def _serve(agent: Any, out: IO[str], lock: threading.Lock, concurrency: int, settle_s: float) -> None:
     from concurrent.futures import ThreadPoolExecutor
-
-    from flowrl.improve.agents import run_agent
 
     loop = asyncio.get_running_loop()
     # a sync agent runs in a thread per run (Driven): the default pool would cap the runs in flight
@@ -92,8 +91,6 @@ async def _settle(agent: Any, timeout: float) -> None:
     for a process that is gone. Other agents' tasks are not waited for: the loop cannot tell theirs from a
     library's that never end (LiteLLM keeps a logging worker). What is still running after `timeout` seconds is
     cancelled, and said."""
-    from flowrl.capture.flowagent import pending_commits
-
     pending = pending_commits(agent)
     if not pending:
         return

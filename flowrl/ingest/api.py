@@ -12,6 +12,7 @@ from flowrl.ingest.discover import Source
 from flowrl.ingest.engine import LIVE_IDLE_S, Ingestor
 from flowrl.ingest.summary import IngestSummary
 from flowrl.ingest.upgrade import StoreUpgrader
+from flowrl.store.files import TraceStore
 from flowrl.trace.redact import Redactor
 from flowrl.trace.schema import ExecutionTrace
 
@@ -58,8 +59,6 @@ def ingest_paths(
     (`summary.upgraded`, see `flowrl.ingest.upgrade`). Raises IngestError for a path that does not exist
     and StoreError when the store cannot be written; every other problem is recorded in the summary and
     the rest is ingested."""
-    from flowrl.store.files import TraceStore
-
     store = store if store is not None else TraceStore.default()
     writer = _Writer(store, batch_size)
     upgrade = StoreUpgrader(store, before=writer.flush) if callable(getattr(store, "modify", None)) else None

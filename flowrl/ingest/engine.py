@@ -320,7 +320,7 @@ class Ingestor:
     def _langfuse_scores(self, path: Path, raw: bytes | None) -> None:
         """A Langfuse scores file: its scores become host outcomes of the stored runs they name (the store comes
         with the `upgrade` callback, `StoreUpgrader`; without a store they are skipped)."""
-        from flowrl.ingest import langfuse
+        from flowrl.ingest import langfuse  # lazy: the package's __init__ imports this module
 
         got = langfuse.read_scores(path, raw)
         self.summary.files_read += 1

@@ -113,7 +113,7 @@ def joined_tool_calls(
     return out
 
 
-def chat_trace(
+def chat_trace(  # noqa: PLR0913  # keyword-only: the fields of one logged chat call
     *,
     trace_id: str,
     messages: list[dict[str, Any]],

@@ -22,7 +22,7 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
     """Write `out/index.html` and its charts. Training/eval dirs in `runs` add curves and the before/after table;
     eval JSON files in `runs` (or `eval.json` in or right below a dir, as `flowrl improve`'s `round-<r>/`) add
     the success rates with their intervals and the paired tests."""
-    from flowrl.report import html, plots
+    from flowrl.report import html, plots  # lazy: a package's __init__ imports its modules on first use
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import FlowRLError
+from flowrl.evaluate.results import read_eval_json, verify
 from flowrl.store.files import TraceStore
 from flowrl.trace.facts import label_at, run_outcome, tally_tools
 
@@ -163,8 +164,6 @@ class EvalGroup:
 
 def find_eval_files(paths: list[Path]) -> list[EvalFile]:
     """Eval JSON files given as files, or named `eval.json` in or right below the given folders (`round-<r>/`)."""
-    from flowrl.evaluate.results import read_eval_json, verify
-
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_file() and p.suffix == ".json" and p.name != "eval_report.json":

@@ -118,7 +118,7 @@ def create_app(
     import jinja2
     from starlette.templating import Jinja2Templates
 
-    from flowrl.review import routes
+    from flowrl.review import routes  # lazy: imports starlette
 
     reviewer = Reviewer(store, group_by=group_by, min_labels=min_labels)
     if fit:

@@ -68,7 +68,7 @@ class CodeExecutionReward(Reward):
 
     name = "code_execution"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only: the reward's TOML options
         self,
         include_answer_blocks: bool = False,
         timeout: float = 5.0,

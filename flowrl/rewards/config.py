@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
+from flowrl.rewards.base import Reward
 from flowrl.trace.facts import CORRECTNESS as CORRECTNESS  # re-exported: engine.py and tests read it here
 from flowrl.trace.facts import DEFAULT_THRESHOLD
 
@@ -163,8 +164,6 @@ def load_plugins() -> None:
 
 
 def _add_plugin(ep: EntryPoint) -> None:
-    from flowrl.rewards.base import Reward
-
     package = ep.dist.name if ep.dist is not None else "an unknown package"
     taken = REGISTRY.get(ep.name)
     if taken is not None:
@@ -294,7 +293,7 @@ def _check_options(path: Path, name: str, options: dict[str, Any]) -> None:
             )
 
 
-def load_config(path: str | Path) -> EngineConfig:
+def load_config(path: str | Path) -> EngineConfig:  # noqa: C901  # one check per TOML key, each with its own message
     """Read and check a reward config file. Raises ConfigError naming the file and the key at fault."""
     path = Path(path).expanduser()
     data = read_file(path)

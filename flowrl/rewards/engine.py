@@ -56,6 +56,7 @@ from flowrl.rewards.config import (
     registry,
     reward_class,
 )
+from flowrl.trace.facts import label_for
 from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class RewardEngine:
         return list(self.rewards)
 
     def _stages(self) -> tuple[list[str], list[str]]:
-        from flowrl.rewards.learned import LearnedReward
+        from flowrl.rewards.learned import LearnedReward  # lazy: it imports the built-in rewards the registry names
 
         late = [n for n, r in self.rewards.items() if isinstance(r, LearnedReward)]
         return [n for n in self.rewards if n not in late], late
@@ -200,8 +201,6 @@ class RewardEngine:
         """Good (True) when the combined score reaches `threshold` (the engine's, 0.6 by default) and, when the
         per-reward results are known, no gate reward (task_completion, reference_answer) is 0: the one label
         rule, `flowrl.trace.facts.label_for`."""
-        from flowrl.trace.facts import label_for
-
         if item is None or isinstance(item, (int, float)):
             score, results = item, None
         else:

@@ -88,7 +88,7 @@ def _dump(message: dict[str, Any]) -> str:
 class LLMJudgeReward(Reward):
     name = "judge"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only: the reward's TOML options
         self,
         mode: str = "relative",
         rubric: str = DEFAULT_RUBRIC,

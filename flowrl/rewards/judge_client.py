@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from flowrl.store.files import atomic_write_bytes
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -79,7 +81,7 @@ def extract_json(text: str) -> Any:
 
 
 class JudgeClient:
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only: the judge's TOML options
         self,
         base_url: str | None = None,
         model: str | None = None,
@@ -144,8 +146,6 @@ class JudgeClient:
         with self._lock:
             self._memory[key] = value
         if self.cache_dir is not None:
-            from flowrl.store.files import atomic_write_bytes
-
             try:
                 atomic_write_bytes(self.cache_dir / key[:2] / f"{key}.json", json.dumps(value).encode())
             except OSError as exc:  # a cache that cannot be written is not a reason to fail

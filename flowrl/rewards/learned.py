@@ -28,7 +28,13 @@ from typing import Any
 
 from flowrl.errors import ConfigError, require
 from flowrl.rewards.base import Reward, RewardResult
+from flowrl.rewards.efficiency import EfficiencyReward
+from flowrl.rewards.format import FormatComplianceReward
+from flowrl.rewards.syntax import SyntaxValidationReward
+from flowrl.rewards.task_completion import TaskCompletionReward
+from flowrl.rewards.tool_success import ToolSuccessReward
 from flowrl.rewards.views import answer_text, assistant_turns, is_manual_label, tool_calls
+from flowrl.store.files import atomic_write_bytes
 from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -86,12 +92,6 @@ class LearnedReward(Reward):
     # -- features ---------------------------------------------------------------------------------------
     def _cheap_rewards(self) -> dict[str, Reward]:
         if self._feature_rewards is None:
-            from flowrl.rewards.efficiency import EfficiencyReward
-            from flowrl.rewards.format import FormatComplianceReward
-            from flowrl.rewards.syntax import SyntaxValidationReward
-            from flowrl.rewards.task_completion import TaskCompletionReward
-            from flowrl.rewards.tool_success import ToolSuccessReward
-
             self._feature_rewards = {
                 "syntax": SyntaxValidationReward(),
                 "tool_success": ToolSuccessReward(),
@@ -207,8 +207,6 @@ class LearnedReward(Reward):
     def save(self, path: str | Path) -> Path:
         if self.state is None:
             raise ConfigError("the learned reward has no model to save: fit it on manual labels first")
-        from flowrl.store.files import atomic_write_bytes
-
         path = Path(path).expanduser()
         atomic_write_bytes(path, json.dumps(self.state, indent=2).encode())
         return path

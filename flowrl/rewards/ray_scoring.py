@@ -177,7 +177,7 @@ def _rows(batch: Any) -> list[tuple[str, Results | None, str | None]]:
     return out
 
 
-def score_store_ray(
+def score_store_ray(  # noqa: PLR0913  # keyword-only: score_store's options and Ray's
     store: TraceStore,
     engine: RewardEngine,
     address: str | None = None,

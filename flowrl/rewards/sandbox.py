@@ -151,7 +151,7 @@ class Sandbox:
     Use it as a context manager or call `close()`; it is also closed at interpreter exit.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  # keyword-only: the sandbox's limits, each a TOML option
         self,
         workers: int | None = None,
         *,

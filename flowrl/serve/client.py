@@ -19,13 +19,12 @@ from typing import Any
 from flowrl.data.tokens import fold_tool_calls
 from flowrl.engines.chat_backend import Completion
 from flowrl.errors import FlowRLError
+from flowrl.export.agent import use_model
 
 
 def use_served(agent: Any, url: str, name: str, *, api_key: str = "none", which: str = "both") -> dict[str, Any]:
     """Point `agent` (a FlowAgent or look-alike) at the model served at `url` (`.../v1`); returns what it
     replaced, for `flowrl.export.agent.restore_model`."""
-    from flowrl.export.agent import use_model
-
     return use_model(agent, f"openai/{name}", api_base=url.rstrip("/"), api_key=api_key, which=which)
 
 

@@ -26,7 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowrl.engines import llama_cpp_backend, llama_server
+from flowrl.engines.choice import ENGINES, pick_engine
+from flowrl.engines.llama_cpp_backend import INSTALL_HINT, LlamaCppBackend, gguf_for
+from flowrl.engines.llama_server import LlamaServer
+from flowrl.engines.lora_gguf import lora_beside
+from flowrl.engines.server_backend import LlamaServerBackend
+from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.errors import ConfigError
+from flowrl.models import resolve_model
 
 
 @dataclass(frozen=True)
@@ -43,28 +51,20 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def _llama_cpp() -> bool:
-    from flowrl.engines.llama_cpp_backend import llama_cpp_available
-
-    return llama_cpp_available()
+    return llama_cpp_backend.llama_cpp_available()  # looked up on the module: tests replace it there
 
 
 def _need_llama_cpp(what: str) -> None:
     if not _llama_cpp():
-        from flowrl.engines.llama_cpp_backend import INSTALL_HINT
-
         raise ConfigError(f"{what} needs llama-cpp-python: {INSTALL_HINT}")
 
 
 def _gguf_engine(engine: str, what: str) -> str:
     """The llama.cpp engine for a GGUF: its server when built (or asked for), else llama-cpp-python."""
-    from flowrl.engines import llama_server
-
     if engine == "llama-server" or (engine == "auto" and llama_server.available()):
         llama_server.find_binary()
         return "llama-server"
     if engine == "auto" and not _llama_cpp():
-        from flowrl.engines.llama_cpp_backend import INSTALL_HINT
-
         raise ConfigError(f"{what} needs llama-server ({llama_server.BUILD_HINT}) or llama-cpp-python ({INSTALL_HINT})")
     _need_llama_cpp(what)
     return "llama.cpp"
@@ -106,8 +106,6 @@ def _export_plan(folder: Path, engine: str) -> Plan:
     if gguf is not None and not gguf.is_file():
         gguf = next(iter(sorted(folder.glob("*.gguf"))), None)
     name = gguf.stem if gguf else folder.name
-    from flowrl.engines import llama_server
-
     gguf_engine = engine in ("llama.cpp", "llama-server") or (
         engine == "auto" and (llama_server.available() or _llama_cpp())
     )
@@ -122,8 +120,6 @@ def _export_plan(folder: Path, engine: str) -> Plan:
 
 def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, tokenizer: str | None = None) -> Plan:
     """What to load for `spec` (the module docstring says how it is read)."""
-    from flowrl.engines.choice import ENGINES
-
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine}: use one of {', '.join(ENGINES)}")
     tok = Path(tokenizer).expanduser() if tokenizer else None
@@ -136,16 +132,12 @@ def plan(spec: str, *, engine: str = "auto", base_model: str | None = None, toke
         return _gguf_plan(path, engine, tok)
     if path.is_dir() and (path / "export.json").is_file():
         return _export_plan(path, engine)
-    from flowrl.models import resolve_model
-
     if base_model is not None and not (path / "adapter_config.json").is_file():
         raise ConfigError(f"--base-model applies to an adapter folder; {spec} is not one (no adapter_config.json)")
     resolved = resolve_model(spec)
     model_dir = Path(resolve_model(base_model).path if base_model else resolved.path)
     adapter = Path(resolved.adapter) if resolved.adapter else None
     name = (adapter or Path(resolved.path)).name if not resolved.builtin else "smollm2-135m-instruct"
-    from flowrl.engines.choice import pick_engine
-
     return Plan(pick_engine(engine), model_dir, adapter=adapter, name=name)
 
 
@@ -164,20 +156,11 @@ def load_backend(
         "seed": seed,
     }
     if p.engine == "llama.cpp":
-        from flowrl.engines.llama_cpp_backend import LlamaCppBackend
-
         return LlamaCppBackend(p.model_dir, gguf=p.gguf, n_ctx=n_ctx, **kwargs)
-    from flowrl.engines.transformers_backend import TransformersBackend
-
     return TransformersBackend(p.model_dir, batch_size=1, **kwargs)
 
 
 def _llama_server_backend(p: Plan, *, max_tokens: int, temperature: float, n_ctx: int, seed: int, slots: int) -> Any:
-    from flowrl.engines.llama_cpp_backend import gguf_for
-    from flowrl.engines.llama_server import LlamaServer
-    from flowrl.engines.lora_gguf import lora_beside
-    from flowrl.engines.server_backend import LlamaServerBackend
-
     adapters: dict[str, Path] = {}
     if p.adapter is not None:  # beside the base, as a GGUF LoRA (written once into the adapter's folder)
         adapters[p.name] = lora_beside(p.adapter, p.model_dir)

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrl.data.tokens import RenderStats, fold_tool_calls
+from flowrl.engines.llama_server import Sampling as EngineSampling
 from flowrl.errors import FlowRLError
 from flowrl.serve.tool_calls import ParsedReply, parse_reply, style_of
+from flowrl.trace.transcript import normalize_message
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +165,6 @@ class ServedModel:
 
     def messages(self, request: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
         """The request's messages in the shape chat templates take, and its tools (None when not used)."""
-        from flowrl.trace.transcript import normalize_message
-
         raw = request.get("messages")
         if not isinstance(raw, list) or not raw:
             raise RequestError("messages: a non-empty list of chat messages")
@@ -219,8 +219,6 @@ class ServedModel:
         prompt = self.prompt_ids(messages, tools)
         backend = route.backend
         if getattr(backend, "concurrent", False):
-            from flowrl.engines.llama_server import Sampling as EngineSampling
-
             prompt = backend.reuse_sampled(prompt, same_text=True)
             seed = backend.call_seed(sampling.seed if sampling.seed is not None else backend.seed)
             engine = EngineSampling(sampling.temperature, sampling.top_p, backend.top_k, sampling.max_tokens, seed)

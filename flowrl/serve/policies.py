@@ -23,8 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.engines.choice import pick_engine
+from flowrl.engines.llama_cpp_backend import gguf_for
+from flowrl.engines.llama_server import LlamaServer
+from flowrl.engines.lora_gguf import lora_beside
 from flowrl.engines.policy import Policy
+from flowrl.engines.server_backend import LlamaServerBackend
+from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.errors import ConfigError
+from flowrl.models import resolve_model
+from flowrl.serve.model import Route, ServedModel
+from flowrl.serve.server import start
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +52,6 @@ class PolicyServer:
         max_tokens: int = 512,
         ctx_per_slot: int = 4096,
     ) -> None:
-        from flowrl.models import resolve_model
-
         self.base_model = base_model
         resolved = resolve_model(base_model)
         if resolved.adapter:
@@ -76,14 +82,7 @@ class PolicyServer:
         self.close()
 
     def start(self) -> None:
-        from flowrl.serve.model import ServedModel
-        from flowrl.serve.server import start
-
         if self.engine == "llama-server":
-            from flowrl.engines.llama_cpp_backend import gguf_for
-            from flowrl.engines.llama_server import LlamaServer
-            from flowrl.engines.server_backend import LlamaServerBackend
-
             log_path = self.workdir / "llama-server.log" if self.workdir else None
             self._llama = LlamaServer(
                 gguf_for(self.model_dir), slots=self.slots, ctx_per_slot=self.ctx_per_slot, log_path=log_path
@@ -117,16 +116,12 @@ class PolicyServer:
 
     # -- policies ------------------------------------------------------------------------------------------------
     def _transformers(self, adapter: Path | None) -> Any:
-        from flowrl.engines.transformers_backend import TransformersBackend
-
         return TransformersBackend(
             self.model_dir, adapter=adapter, batch_size=self.slots, max_new_tokens=self.max_tokens
         )
 
     def policy(self, name: str, adapter: Path | None = None, *, temperature: float, seed: int = 0) -> Policy:
         """`adapter` (a PEFT LoRA folder; None: the base model) served as `name` at `temperature`."""
-        from flowrl.serve.model import Route
-
         if self._model is None:
             raise ConfigError("the policy server is not started: use it as a context manager")
         known = self._policies.get(name)
@@ -155,8 +150,6 @@ class PolicyServer:
     def _load_adapter(self, adapter: Path) -> str:
         """The engine's name for `adapter`, converted and loaded the first time it is asked for."""
         import hashlib
-
-        from flowrl.engines.lora_gguf import lora_beside
 
         key = hashlib.sha256(str(adapter.resolve()).encode()).hexdigest()[:12]
         if key in self._gguf_adapters:

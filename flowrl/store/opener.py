@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowrl.errors import ConfigError
+from flowrl.store.files import TraceStore, default_root
+from flowrl.store.segments.fs import is_url
 
 if TYPE_CHECKING:
-    from flowrl.store.files import TraceStore
-    from flowrl.store.segments import SegmentStore
+    from flowrl.store.segments.store import SegmentStore
 
 LAYOUTS = ("json", "segments")
 # `Path("s3://bucket/x")` is `s3:/bucket/x`: a URL that went through a `Path` (a typer option) is mended
@@ -39,9 +40,6 @@ def open_store(
 ) -> TraceStore | SegmentStore:
     """A store for `spec` (default: `TraceStore.default()`'s folder). `options` go to `SegmentStore`
     (`writer_id`, `flush_rows`, `flush_seconds`)."""
-    from flowrl.store.files import TraceStore, default_root
-    from flowrl.store.segments.fs import is_url
-
     if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     text = store_spec(spec) if spec is not None else str(default_root())
@@ -50,7 +48,8 @@ def open_store(
         raise ConfigError(f"{text}: the per-trace JSON layout needs a local folder; use layout 'segments' for a URL")
     local = Path(text[len("file://") :] if text.startswith("file://") else text).expanduser()
     if layout == "segments" or url or (layout is None and (local / "segments").is_dir()):
-        from flowrl.store.segments import SegmentStore
+        # lazy: numpy and the segment stack load for a segment store only
+        from flowrl.store.segments.store import SegmentStore
 
         return SegmentStore(text, **options)
     if options:

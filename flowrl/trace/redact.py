@@ -290,7 +290,7 @@ def _cookie_value(value: str) -> bool:
     )
 
 
-def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:
+def _assigned(m: re.Match[str], text: str) -> tuple[int, int] | None:  # noqa: C901  # one branch per assignment form a secret hides in
     """The value given to a secret's name, unless it is code, a type, a placeholder or prose."""
     name_start = _name_start(m.string, m.start("kw"))
     if name_start is None:

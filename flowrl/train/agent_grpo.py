@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import ConfigError
-from flowrl.train.agent_rollout import AgentAdapter, AgentRollout, RolloutTask
+from flowrl.errors import ConfigError, require
+from flowrl.train.agent_rollout import AgentAdapter, AgentRollout, RolloutTask, rollout_task, task_rows
+from flowrl.train.data_io import LoadedData
+from flowrl.train.reward_funcs import online_reward_funcs
 
 log = logging.getLogger("flowrl.train.agent_rollout")  # one logger for the rollout's lines
 
@@ -59,10 +61,6 @@ def resolve_adapter(spec: str | AgentAdapter | Callable[[], AgentAdapter]) -> Ag
 
 def tasks_data(adapter: AgentAdapter) -> Any:
     """The adapter's tasks as the run's dataset (`LoadedData`): one `prompt` row per task."""
-    from flowrl.errors import require
-    from flowrl.train.agent_rollout import rollout_task, task_rows
-    from flowrl.train.data_io import LoadedData
-
     rows = task_rows(rollout_task(t, i) for i, t in enumerate(adapter.tasks))
     if not rows:
         raise ConfigError(
@@ -86,8 +84,6 @@ class AgentGRPO:
 
 def agent_grpo(config: Any, adapter: AgentAdapter, tasks: list[Any], store: Path) -> AgentGRPO:
     """The rollout and rewards of an online GRPO run through `adapter`'s agent on `tasks`."""
-    from flowrl.train.reward_funcs import online_reward_funcs
-
     turn_tokens = config.turn_tokens or DEFAULT_TURN_TOKENS
     episode_tokens = config.max_completion_length or DEFAULT_EPISODE_TOKENS
     if turn_tokens > episode_tokens:

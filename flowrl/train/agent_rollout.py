@@ -36,9 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrl.capture import hook_into_agent
+from flowrl.data.tokens import CallTokens, merge_calls
 from flowrl.engines.chat_backend import Completion, TokensInBackend
 from flowrl.errors import FlowRLError, require
+from flowrl.store.files import TraceStore
 from flowrl.trace.facts import REFERENCE_KEYS, reference_in
+from flowrl.train.offline_grpo import prompt_key
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +125,6 @@ class PolicyBackend(TokensInBackend):
         return fresh
 
     def complete(self, messages: list[dict[str, Any]]) -> Completion:
-        from flowrl.data.tokens import CallTokens
-
         prompt = self.render(messages)
         if self.max_turns is not None and len(self.calls) >= self.max_turns:
             self.stopped = "turns"
@@ -346,9 +348,6 @@ class AgentRollout:
         episode_tokens: int,
         max_turns: int | None,
     ) -> None:
-        from flowrl.store.files import TraceStore
-        from flowrl.train.offline_grpo import prompt_key
-
         self.adapter = adapter
         self.store = store if isinstance(store, TraceStore) else TraceStore(Path(store))
         self.turn_tokens, self.episode_tokens, self.max_turns = turn_tokens, episode_tokens, max_turns
@@ -384,8 +383,6 @@ class AgentRollout:
     def rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         """`prompts`: this process's slice of the generation batch, each prompt repeated `num_generations` times
         in a row. One episode per copy, in order, so the copies of a prompt form its group."""
-        from flowrl.train.offline_grpo import prompt_key
-
         if self._base is None:
             self._base = PolicyBackend.from_trainer(trainer, max_new_tokens=self.turn_tokens)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
@@ -414,8 +411,6 @@ class AgentRollout:
 
     async def episode(self, task: RolloutTask, *, session: str) -> Episode:
         """One run of the agent on `task`, captured into the store; its ids, masks and trace."""
-        from flowrl.capture import hook_into_agent
-
         assert self._base is not None
         backend = self._base.episode(episode_tokens=self.episode_tokens, max_turns=self.max_turns)
         agent = self.adapter.make_agent(backend)
@@ -445,8 +440,6 @@ class AgentRollout:
     def _assemble(
         self, backend: PolicyBackend, task: RolloutTask, answer: str, trace: Any, error: str | None
     ) -> Episode:
-        from flowrl.data.tokens import merge_calls
-
         calls = backend.calls
         masked = None
         if not calls:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowrl.errors import ConfigError
+from flowrl.methods import METHODS, canonical_method, get_method
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DEFAULT_BASE_MODEL = "smollm2-135m"
@@ -115,8 +116,6 @@ class TrainingConfig(_Strict):
     @field_validator("method", mode="before")
     @classmethod
     def _method_alias(cls, value: Any) -> Any:
-        from flowrl.methods import METHODS, canonical_method
-
         if isinstance(value, str):
             value = canonical_method(value)
             if value not in METHODS:
@@ -125,8 +124,6 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
-        from flowrl.methods import get_method
-
         if (
             self.reward_weights is not None
             and self.rewards is not None
@@ -169,8 +166,6 @@ class TrainingConfig(_Strict):
     def resolved_learning_rate(self) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        from flowrl.methods import get_method
-
         rate = get_method(self.method).learning_rate
         return rate if self.lora.enabled else rate / 10
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError, require
+from flowrl.methods import canonical_method, get_method
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,6 @@ def load_dataset_dir(path: Path | str) -> LoadedData:
 
 def check_for_method(data: LoadedData, method: str) -> None:
     """Refuse a dataset built for another method, or one without the columns TRL needs, with a clear line."""
-    from flowrl.methods import canonical_method, get_method
-
     built_for = canonical_method(str(data.meta.get("method") or "")) if data.meta.get("method") else ""
     if built_for and built_for != method:
         raise ConfigError(

@@ -24,7 +24,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from flowrl.errors import require
+from flowrl.errors import ConfigError, require
+from flowrl.methods import get_method
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +205,6 @@ class RunSettings(HardwareProfile):
 
 def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | None = None) -> RunSettings:
     """Lay a `TrainingConfig` over the profile for `hw`, checking what TRL would refuse later."""
-    from flowrl.errors import ConfigError
-
     prof = profile or choose_profile(hw, lora=config.lora.enabled)
     notes = list(prof.notes)
     batch = config.per_device_train_batch_size or prof.per_device_train_batch_size
@@ -227,8 +226,6 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         )
 
     generations = config.num_generations or prof.num_generations
-    from flowrl.methods import get_method
-
     spec = get_method(config.method)
     checkpointing = (
         prof.gradient_checkpointing if config.gradient_checkpointing is None else config.gradient_checkpointing
@@ -290,8 +287,6 @@ ACCELERATE_CONFIGS = {"ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "deepspeed-zero2":
 def accelerate_config(kind: str = "ddp") -> str:
     """Path of an `accelerate launch --config_file` shipped with flowrl: `ddp`, `fsdp` or `deepspeed-zero2`."""
     from pathlib import Path
-
-    from flowrl.errors import ConfigError
 
     name = ACCELERATE_CONFIGS.get(kind.lower().replace("_", "-"))
     if name is None:

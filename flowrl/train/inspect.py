@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flowrl.data.encode import EncodeStats, TokenBudget, row_sequences
 from flowrl.errors import ConfigError
+from flowrl.methods import canonical_method
+from flowrl.models import resolve_model
+from flowrl.train.data_io import load_dataset_dir
+from flowrl.train.trainers import chat_renderer
 
 
 @dataclass
@@ -30,8 +35,6 @@ class ShownRow:
 
 
 def _split(path: Path, split: str) -> tuple[Any, dict[str, Any]]:
-    from flowrl.train.data_io import load_dataset_dir
-
     data = load_dataset_dir(path)
     if split == "train":
         return data.train, data.meta
@@ -46,9 +49,6 @@ def show_row(
     path: Path | str, *, base_model: str | None = None, row: int = 0, split: str = "train", method: str | None = None
 ) -> ShownRow:
     """Encode row `row` of `split` of the dataset at `path` with `base_model`'s tokenizer."""
-    from flowrl.data.encode import EncodeStats, row_sequences
-    from flowrl.methods import canonical_method
-
     path = Path(path).expanduser()
     dataset, meta = _split(path, split)
     method = canonical_method(method or str(meta.get("method") or ""))
@@ -76,16 +76,11 @@ def show_row(
 
 def token_budget(method: str, base_model: str, max_length: int) -> Any:
     """A `TokenBudget` for `build-dataset --base-model M --max-length N`."""
-    from flowrl.data.encode import TokenBudget
-
     if max_length < 8:
         raise ConfigError(f"--max-length {max_length}: use at least 8 tokens")
     return TokenBudget(method, _renderer(base_model), max_length)
 
 
 def _renderer(base_model: str | None) -> Any:
-    from flowrl.models import resolve_model
-    from flowrl.train.trainers import chat_renderer
-
     resolved = resolve_model(base_model)
     return chat_renderer(resolved.path, label=resolved.spec)

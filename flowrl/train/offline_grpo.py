@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowrl.data.encode import EncodeStats, trajectory_parts
 from flowrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,6 @@ class OfflineGroups:
 
     def encode(self, renderer: Any) -> None:
         """Encode every logged trajectory with `renderer` (a `flowrl.data.tokens.ChatRenderer` of the base model)."""
-        from flowrl.data.encode import EncodeStats, trajectory_parts
-
         stats = EncodeStats(render=renderer.stats)
         for group in self.groups.values():
             group.encoded = []

@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError, ModelError, TrainingError
+from flowrl.methods import get_method
 from flowrl.models import DEFAULT_MODEL, ResolvedModel, resolve_model
+from flowrl.train.agent_grpo import resolve_adapter, tasks_data
+from flowrl.train.card import render_training_card
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
 from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
+from flowrl.train.offline_grpo import COMPLETION_COLUMNS, find_column, group_size
+from flowrl.train.trainers import build_trl_trainer
 from flowrl.version import __version__
 
 log = logging.getLogger(__name__)
@@ -118,7 +123,7 @@ def _set_aside_interrupted(out: Path) -> None:
         )
 
 
-def prepare_output_dir(config: TrainingConfig, *, tidy: bool = True) -> tuple[Path, str | None]:
+def prepare_output_dir(config: TrainingConfig, *, tidy: bool = True) -> tuple[Path, str | None]:  # noqa: C901  # each case of an output folder (resume, adapter, foreign files)
     """Check the output folder against --resume/--overwrite; returns it and the checkpoint to resume from.
 
     Every state a Ctrl-C can leave has one command that works: a complete checkpoint is resumed with
@@ -211,8 +216,6 @@ class RLTrainer:
         self.hardware = hardware or detect_hardware()
         self.agent = None  # online GRPO through an agent: its AgentAdapter (flowrl.train.agent_rollout)
         if agent is not None or config.agent is not None:
-            from flowrl.train.agent_grpo import resolve_adapter, tasks_data
-
             if agent is not None and config.agent is None:
                 config = config.model_copy(update={"agent": getattr(agent, "name", "agent")})
             source: Any = agent if agent is not None else config.agent
@@ -238,12 +241,8 @@ class RLTrainer:
 
     def _with_group_size(self, config: TrainingConfig) -> TrainingConfig:
         """Offline GRPO: generations per prompt default to the logged group size (capped by the profile)."""
-        from flowrl.methods import get_method
-
         if get_method(config.method).encoding != "grpo-offline" or config.num_generations is not None:
             return config
-        from flowrl.train.offline_grpo import COMPLETION_COLUMNS, find_column, group_size
-
         column = find_column(self.data.columns, COMPLETION_COLUMNS, "logged completions")
         size = group_size(self.data.train.select_columns([column]).to_list(), column)
         cap = choose_profile(self.hardware, lora=config.lora.enabled).num_generations
@@ -252,8 +251,11 @@ class RLTrainer:
     def build(self, output_dir: Path, *, announce: bool = True) -> Any:
         """TRL's trainer with flowrl's callbacks; `announce=False` (processes other than the first) keeps the
         Ctrl-C message off the console."""
-        from flowrl.train.callbacks import GracefulInterrupt, MetricsLogger, StepTimer
-        from flowrl.train.trainers import build_trl_trainer
+        from flowrl.train.callbacks import (  # lazy: imports accelerate, fsspec
+            GracefulInterrupt,
+            MetricsLogger,
+            StepTimer,
+        )
 
         self.metrics = MetricsLogger(output_dir / METRICS_FILE)
         self.interrupt = GracefulInterrupt(announce=announce)
@@ -361,8 +363,6 @@ class TrainingPipeline:
         self.agent = agent  # an AgentAdapter (or `config.agent`): GRPO rollouts through the agent's own loop
 
     def run(self) -> TrainResult:
-        from flowrl.train.card import render_training_card
-
         trainer = RLTrainer(
             self.config,
             hardware=self.hardware,

@@ -15,11 +15,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from flowrl.data.tokens import ChatRenderer
 from flowrl.errors import ConfigError, require
 from flowrl.methods import get_method
+from flowrl.train.agent_grpo import agent_grpo, agent_grpo_trainer
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData
 from flowrl.train.hardware import RunSettings
+from flowrl.train.offline_grpo import OfflineGroups
+from flowrl.train.pretokenized import pretokenized_trainer
 from flowrl.train.reward_funcs import online_reward_funcs
 
 log = logging.getLogger(__name__)
@@ -227,8 +231,6 @@ def _datasets() -> Any:
 
 def chat_renderer(model_path: str, label: str | None = None) -> Any:
     """A `flowrl.data.tokens.ChatRenderer` of the tokenizer in `model_path` (named `label` in its messages)."""
-    from flowrl.data.tokens import ChatRenderer
-
     transformers = require("transformers")
     return ChatRenderer(transformers.AutoTokenizer.from_pretrained(model_path), model=label or model_path)
 
@@ -253,7 +255,7 @@ def _kto_args(
     return trl_config(config, settings, output_dir, desirable_weight=dw, undesirable_weight=uw)
 
 
-def build_trl_trainer(
+def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, each its own arguments
     config: TrainingConfig,
     settings: RunSettings,
     model_path: str,
@@ -267,8 +269,6 @@ def build_trl_trainer(
 
     `reward_funcs` (online GRPO) replaces flowrl's rewards with your own TRL reward functions; `agent` (an
     `AgentAdapter`) rolls every completion out through the agent's own loop (flowrl.train.agent_rollout)."""
-    from flowrl.train.offline_grpo import OfflineGroups
-
     _, trainer_cls = trl_classes(config.method)
     info: dict[str, Any] = {}
     kwargs: dict[str, Any] = dict(model=model_path, callbacks=callbacks, peft_config=lora_config(config))
@@ -279,8 +279,6 @@ def build_trl_trainer(
     method = config.method
     encoding = _encoding(method)
     if _is_grpo(method) and encoding is None and agent is not None:  # online, through the agent's loop
-        from flowrl.train.agent_grpo import agent_grpo, agent_grpo_trainer
-
         tasks = list(agent.tasks) if config.dataset is None else train.to_list()
         parts = agent_grpo(config, agent, tasks, config.resolved_store)
         if reward_funcs:
@@ -328,7 +326,6 @@ def build_trl_trainer(
     elif encoding in ("kto", "sft", "dpo") and is_conversational_data(data, encoding):
         # Token-faithful rows: captured ids where the runs have them, else the chat template, masks by flowrl
         from flowrl.data.encode import encode_for_trl
-        from flowrl.train.pretokenized import pretokenized_trainer
 
         rows, stats = encode_for_trl(
             encoding, train.to_list(), chat_renderer(model_path), max_length=settings.max_length

@@ -3,11 +3,16 @@
 Layout, atomicity and the merge of side records: `flowrl.store.segments.store` (the API), `names` (object names and
 why they never collide), `fs` (atomic puts, listings), `format` (the Parquet file), `sidecar` (patches and
 outcomes), `catalog` (reading), `pushdown` (column filters), `compact` (per-trace JSON to segments). Importing
-this package imports neither pyarrow nor fsspec; opening a store does.
+this package imports nothing of the store (`SegmentStore` is resolved on first use): `fs.is_url` stays light, and
+neither numpy, pyarrow nor fsspec loads before a store is opened.
 """
 
 from __future__ import annotations
 
-from flowrl.store.segments.store import SegmentStore
+from flowrl._lazy import lazy_exports
 
-__all__ = ["SegmentStore"]
+_LAZY: dict[str, str] = {"SegmentStore": "flowrl.store.segments.store"}
+
+__all__ = [*_LAZY]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

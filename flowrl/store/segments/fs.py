@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.store.index import STAGING, read_regular_file, sync_folder
+from flowrl.store.segments.names import day_of_partition
 
 Skip = Callable[[str, str], None]
 """Told of each entry a listing passes over: its location and a message naming it and what to do."""
@@ -197,8 +198,6 @@ class Root:
 
     def walk_partitions(self, kind: str, skip: Skip | None) -> Iterator[tuple[str | None, Entry]]:
         """`(day or None, folder)` for each entry under `{root}/{kind}` (None: not a `date=` partition)."""
-        from flowrl.store.segments.names import day_of_partition
-
         folders, files = self.listdir(self.join(kind), skip)
         for f in files:
             _tell(skip, self.display(f.path), f"a file outside any date= folder of {kind}/, skipped")

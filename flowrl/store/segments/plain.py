@@ -32,7 +32,7 @@ def is_plain(fields: dict[str, Any]) -> bool:
     return codes(fields) is not None
 
 
-def codes(fields: dict[str, Any]) -> tuple[int, float] | None:
+def codes(fields: dict[str, Any]) -> tuple[int, float] | None:  # noqa: C901  # one branch per stored label and outcome form
     """What plain `fields` set among `COLUMNS` but rewards, or None when they are not plain: the label, label source
     and review flag's codes in one byte (2 bits each: 0 not set, else the index into `LABELS`/`SOURCES`, 2/3 for
     False/True), and the score (NaN when not set or None: JSON has no NaN). It runs for every side record a listing

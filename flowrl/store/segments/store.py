@@ -33,6 +33,7 @@ import numpy as np
 
 from flowrl.errors import ConfigError, SchemaError, StoreError
 from flowrl.store.files import OutcomeRecords, ReadProblems, TraceFilter, _check_id, _coerce_date, _day_of
+from flowrl.store.outcomes import read_outcomes
 from flowrl.store.segments import lifecycle, names, sideview
 from flowrl.store.segments.catalog import Catalog, Ref, ScanStats, SegmentRows
 from flowrl.store.segments.columns import ColumnRows, scan
@@ -306,8 +307,6 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         return trace
 
     def _legacy_outcomes(self, trace_id: str, skip: Callable[[str, str], None]) -> list[HostOutcome]:
-        from flowrl.store.outcomes import read_outcomes
-
         return read_outcomes(Path(self._root.path), trace_id, lambda path, message: skip(str(path), message))
 
     def outcomes(self, trace_id: str) -> list[HostOutcome]:
