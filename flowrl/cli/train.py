@@ -14,7 +14,9 @@ import typer
 from rich.table import Table
 
 from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent
+from flowrl.cli.options import config_options
 from flowrl.errors import ConfigError
+from flowrl.train.config import TrainingConfig
 
 
 def _quiet_known_warnings() -> None:
@@ -107,173 +109,40 @@ def _trl_args(pairs: list[str] | None) -> dict[str, Any] | None:
 
 
 @_first_process_speaks
-def train(  # noqa: PLR0913  # a typer command: one parameter per option
-    method: str | None = typer.Option(None, "--method", "-m", help="grpo, grpo-offline, kto, sft or dpo."),
-    dataset: Path | None = typer.Option(
-        None, "--dataset", "-d", help="Dataset folder from `flowrl build-dataset` (or a JSONL file)."
-    ),
-    base_model: str | None = typer.Option(
-        None,
-        "--base-model",
-        help="Model to start from: smollm2-135m (default, embedded), a local folder or a Hugging Face id.",
-    ),
-    output_dir: Path | None = typer.Option(
-        None, "--output-dir", "-o", help="Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."
-    ),
+@config_options(TrainingConfig)  # one option per flagged TrainingConfig field (flowrl.cli.options)
+def train(
     config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML, TOML or JSON file of TrainingConfig options; flags win over it."
     ),
-    max_steps: int | None = typer.Option(
-        None, "--max-steps", help="Stop after this many optimizer steps (default: one epoch)."
-    ),
-    epochs: float | None = typer.Option(None, "--epochs", help="Epochs over the dataset when --max-steps is not set."),
-    save_steps: int | None = typer.Option(None, "--save-steps", help="Save a checkpoint every N steps (default 50)."),
     resume: bool | None = typer.Option(
         None, "--resume/--no-resume", help="Continue from the last checkpoint in --output-dir."
     ),
     resume_from: Path | None = typer.Option(None, "--resume-from", help="Continue from this checkpoint folder."),
-    overwrite: bool | None = typer.Option(
-        None, "--overwrite/--no-overwrite", help="Start over in an --output-dir that holds a run."
-    ),
-    merge: bool | None = typer.Option(
-        None, "--merge/--no-merge", help="Also save base + adapter merged into OUTPUT/merged."
-    ),
-    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default by method, for LoRA)."),
-    batch_size: int | None = typer.Option(
-        None, "--batch-size", help="Per-device batch size (default: hardware profile)."
-    ),
-    grad_accum: int | None = typer.Option(
-        None, "--grad-accum", help="Gradient accumulation steps (default: hardware profile)."
-    ),
-    num_generations: int | None = typer.Option(
-        None, "--num-generations", help="GRPO completions per prompt (default: hardware profile)."
-    ),
-    precision: str | None = typer.Option(
-        None, "--precision", help="auto, fp32, bf16 or fp16 (auto: bf16/fp16 on GPU, fp32 on CPU)."
-    ),
-    max_length: int | None = typer.Option(None, "--max-length", help="Max tokens per example for SFT, DPO and KTO."),
-    max_completion_length: int | None = typer.Option(
-        None, "--max-completion-length", help="Max tokens per GRPO completion."
-    ),
-    beta: float | None = typer.Option(None, "--beta", help="KL coefficient (GRPO default 0.04; DPO/KTO default 0.1)."),
     lora: bool | None = typer.Option(None, "--lora/--no-lora", help="Train a LoRA adapter (default) or every weight."),
     lora_r: int | None = typer.Option(None, "--lora-r", help="LoRA rank (default 16)."),
     lora_alpha: int | None = typer.Option(None, "--lora-alpha", help="LoRA alpha (default 32)."),
-    load_in_4bit: bool | None = typer.Option(
-        None,
-        "--4bit/--no-4bit",
-        help="QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there).",
-    ),
-    gradient_checkpointing: bool | None = typer.Option(
-        None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on for GPUs, off on CPU."
-    ),
-    temperature: float | None = typer.Option(
-        None, "--temperature", help="GRPO sampling temperature (default 1.0; 0.7 with --agent)."
-    ),
-    rewards: str | None = typer.Option(
-        None, "--rewards", help="GRPO: comma-separated flowrl rewards to train on (default: the engine's)."
-    ),
-    reward_config: Path | None = typer.Option(
-        None, "--reward-config", help="GRPO: the reward engine's TOML/YAML config."
-    ),
-    report_to: str | None = typer.Option(None, "--report-to", help="tensorboard, wandb, trackio (comma-separated)."),
-    seed: int | None = typer.Option(None, "--seed", help="Random seed (default 42)."),
-    progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Show the progress bar."),
     trl: list[str] | None = typer.Option(None, "--trl", help="KEY=VALUE set on TRL's config class as is (repeatable)."),
-    agent: str | None = typer.Option(
-        None,
-        "--agent",
-        help=(
-            "GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter."
-        ),
-    ),
-    store: Path | None = typer.Option(
-        None,
-        "--store",
-        help="With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts).",
-    ),
-    turn_tokens: int | None = typer.Option(
-        None, "--turn-tokens", help="With --agent: new tokens per model turn (default 96)."
-    ),
-    max_turns: int | None = typer.Option(
-        None,
-        "--max-turns",
-        help=(
-            "With --agent: model turns per episode (default 6); "
-            "--max-completion-length bounds its tokens (default 512)."
-        ),
-    ),
-    use_vllm: bool | None = typer.Option(
-        None,
-        "--use-vllm/--no-vllm",
-        help="GRPO: generate with vLLM on the GPU (TRL's use_vllm; needs `pip install vllm`).",
-    ),
-    vllm_mode: str | None = typer.Option(
-        None,
-        "--vllm-mode",
-        help="With --use-vllm: colocate (default; the only mode with --agent) or server (`trl vllm-serve`).",
-    ),
-    vllm_memory: float | None = typer.Option(
-        None,
-        "--vllm-gpu-memory-utilization",
-        help="With --use-vllm colocate: share of GPU memory vLLM takes (TRL's default 0.3).",
-    ),
-    drop_zero_std: bool | None = typer.Option(
-        None,
-        "--drop-zero-std/--keep-zero-std",
-        help="With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term.",
-    ),
+    **fields: Any,
 ) -> None:
     """Train a LoRA adapter on a flowrl dataset with TRL (GRPO online or offline, KTO, SFT, DPO), or with GRPO
     through an agent's own loop (--agent)."""
     _quiet_known_warnings()
-    from flowrl.train.config import TrainingConfig, load_config_file  # lazy: keeps `flowrl --help` fast
+    from flowrl.train.config import load_config_file  # lazy: keeps `flowrl --help` fast
     from flowrl.train.hardware import detect_hardware, is_main_process  # lazy: keeps `flowrl --help` fast
     from flowrl.train.pipeline import TrainingPipeline  # lazy: keeps `flowrl --help` fast
 
     say = console.print if is_main_process() else _silent  # under `accelerate launch` the first process reports
 
     lora_over = {k: v for k, v in (("enabled", lora), ("r", lora_r), ("alpha", lora_alpha)) if v is not None}
-    flags: dict[str, Any] = dict(
-        method=method,
-        dataset=dataset,
-        base_model=base_model,
-        output_dir=output_dir,
-        max_steps=max_steps,
-        num_train_epochs=epochs,
-        save_steps=save_steps,
-        resume=resume_from if resume_from is not None else resume,
-        overwrite=overwrite,
-        merge=merge,
-        learning_rate=learning_rate,
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=grad_accum,
-        num_generations=num_generations,
-        precision=precision,
-        max_length=max_length,
-        max_completion_length=max_completion_length,
-        beta=beta,
-        lora=lora_over or None,
-        load_in_4bit=load_in_4bit,
-        gradient_checkpointing=gradient_checkpointing,
-        temperature=temperature,
-        rewards=_csv(rewards),
-        reward_config=reward_config,
-        report_to=report_to,
-        seed=seed,
-        progress_bar=progress,
-        trl_args=_trl_args(trl),
-        agent=agent,
-        store=store,
-        turn_tokens=turn_tokens,
-        max_turns=max_turns,
-        drop_zero_std_groups=drop_zero_std,
-        use_vllm=use_vllm,
-        vllm_mode=vllm_mode,
-        vllm_gpu_memory_utilization=vllm_memory,
-    )
+    flags: dict[str, Any] = {
+        **fields,
+        "resume": resume_from if resume_from is not None else resume,
+        "lora": lora_over or None,
+        "trl_args": _trl_args(trl),
+    }
     base = load_config_file(config) if config is not None else {}
-    if not (method or base.get("method")) or not (dataset or base.get("dataset") or agent or base.get("agent")):
+    given = {**base, **{k: v for k, v in fields.items() if v is not None}}
+    if not given.get("method") or not (given.get("dataset") or given.get("agent")):
         raise ConfigError(
             "give --method and --dataset (or --agent for GRPO through an agent; or a --config file that sets them)"
         )

@@ -25,6 +25,11 @@ DEFAULT_BASE_MODEL = "smollm2-135m"
 AGENT_TEMPERATURE = 0.7
 
 
+def flag(default: Any, flag: str, help: str, **checks: Any) -> Any:
+    """A field that is also an option of `flowrl train` (flowrl.cli.options): its flag, its help, its checks."""
+    return Field(default, description=help, json_schema_extra={"flag": flag}, **checks)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,56 +47,105 @@ class LoraSettings(_Strict):
 class TrainingConfig(_Strict):
     """One training run. Paths are kept as given; `None` fields are filled from the hardware profile."""
 
-    method: str  # a name in the method table (flowrl.methods)
-    dataset: Path | None = None  # required, except for GRPO through an agent that brings its own tasks
-    base_model: str = DEFAULT_BASE_MODEL
-    output_dir: Path | None = None
+    method: str = flag(..., "--method -m", "grpo, grpo-offline, kto, sft or dpo.")  # a name in flowrl.methods
+    dataset: Path | None = flag(None, "--dataset -d", "Dataset folder from `flowrl build-dataset` (or a JSONL file).")
+    base_model: str = flag(
+        DEFAULT_BASE_MODEL,
+        "--base-model",
+        "Model to start from: smollm2-135m (default, embedded), a local folder or a Hugging Face id.",
+    )
+    output_dir: Path | None = flag(
+        None, "--output-dir -o", "Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."
+    )
 
     # length of the run and checkpoints
-    max_steps: int = -1
-    num_train_epochs: float = 1.0
-    save_steps: int = Field(50, ge=1)
+    max_steps: int = flag(-1, "--max-steps", "Stop after this many optimizer steps (default: one epoch).")
+    num_train_epochs: float = flag(1.0, "--epochs", "Epochs over the dataset when --max-steps is not set.")
+    save_steps: int = flag(50, "--save-steps", "Save a checkpoint every N steps (default 50).", ge=1)
     save_total_limit: int | None = 3
     logging_steps: int = Field(1, ge=1)
     resume: bool | Path = False
-    overwrite: bool = False
-    seed: int = 42
+    overwrite: bool = flag(False, "--overwrite/--no-overwrite", "Start over in an --output-dir that holds a run.")
+    seed: int = flag(42, "--seed", "Random seed (default 42).")
 
     # optimisation
-    learning_rate: float | None = None
+    learning_rate: float | None = flag(None, "--lr", "Learning rate (default by method, for LoRA).")
     warmup_steps: int = 0
     lr_scheduler_type: str = "linear"
-    beta: float | None = None
+    beta: float | None = flag(None, "--beta", "KL coefficient (GRPO default 0.04; DPO/KTO default 0.1).")
 
     # chosen by the hardware profile unless set
-    per_device_train_batch_size: int | None = Field(None, ge=1)
-    gradient_accumulation_steps: int | None = Field(None, ge=1)
-    num_generations: int | None = Field(None, ge=2)
-    precision: Precision = "auto"
-    gradient_checkpointing: bool | None = None
-    load_in_4bit: bool | None = None
-    max_length: int | None = Field(None, ge=8)
-    max_completion_length: int | None = Field(None, ge=1)
+    per_device_train_batch_size: int | None = flag(
+        None, "--batch-size", "Per-device batch size (default: hardware profile).", ge=1
+    )
+    gradient_accumulation_steps: int | None = flag(
+        None, "--grad-accum", "Gradient accumulation steps (default: hardware profile).", ge=1
+    )
+    num_generations: int | None = flag(
+        None, "--num-generations", "GRPO completions per prompt (default: hardware profile).", ge=2
+    )
+    precision: Precision = flag(
+        "auto", "--precision", "auto, fp32, bf16 or fp16 (auto: bf16/fp16 on GPU, fp32 on CPU)."
+    )
+    gradient_checkpointing: bool | None = flag(
+        None, "--gradient-checkpointing/--no-gradient-checkpointing", "Default: on for GPUs, off on CPU."
+    )
+    load_in_4bit: bool | None = flag(
+        None, "--4bit/--no-4bit", "QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there)."
+    )
+    max_length: int | None = flag(None, "--max-length", "Max tokens per example for SFT, DPO and KTO.", ge=8)
+    max_completion_length: int | None = flag(None, "--max-completion-length", "Max tokens per GRPO completion.", ge=1)
 
     # GRPO online: flowrl's rewards (all of the engine's by default), from a reward config file if given
-    reward_config: Path | None = None
-    rewards: list[str] | None = None
+    reward_config: Path | None = flag(None, "--reward-config", "GRPO: the reward engine's TOML/YAML config.")
+    rewards: list[str] | None = flag(
+        None, "--rewards", "GRPO: comma-separated flowrl rewards to train on (default: the engine's)."
+    )
     reward_weights: list[float] | None = None
-    temperature: float | None = Field(
-        None, gt=0
-    )  # sampling; default 1.0, and 0.7 through an agent (as `flowrl improve`)
+    temperature: float | None = flag(
+        None, "--temperature", "GRPO sampling temperature (default 1.0; 0.7 with --agent).", gt=0
+    )
 
     # GRPO through the agent's own loop (flowrl.train.agent_rollout): `example` or `module:function`
-    agent: str | None = None
-    store: Path | None = None  # where every rollout is written (source "train"); default OUTPUT/rollouts
-    turn_tokens: int | None = Field(None, ge=1)  # new tokens per model turn (default 96)
-    max_turns: int | None = Field(6, ge=1)  # model turns per episode; max_completion_length bounds its tokens
-    drop_zero_std_groups: bool = True  # groups whose rewards are all equal get no loss
+    agent: str | None = flag(
+        None,
+        "--agent",
+        "GRPO through an agent's own loop, tools executed: `example` or module:function returning an AgentAdapter.",
+    )
+    store: Path | None = flag(
+        None,
+        "--store",
+        "With --agent: trace store every rollout is written to (source train; default OUTPUT/rollouts).",
+    )
+    turn_tokens: int | None = flag(None, "--turn-tokens", "With --agent: new tokens per model turn (default 96).", ge=1)
+    max_turns: int | None = flag(
+        6,
+        "--max-turns",
+        "With --agent: model turns per episode (default 6); --max-completion-length bounds its tokens (default 512).",
+        ge=1,
+    )
+    drop_zero_std_groups: bool = flag(
+        True,
+        "--drop-zero-std/--keep-zero-std",
+        "With --agent: groups whose rewards are all equal get no loss (default) or keep their KL term.",
+    )
 
     # GRPO generation with vLLM on a GPU (TRL's options: use_vllm, vllm_mode, vllm_gpu_memory_utilization)
-    use_vllm: bool = False
-    vllm_mode: Literal["colocate", "server"] = "colocate"
-    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    use_vllm: bool = flag(
+        False, "--use-vllm/--no-vllm", "GRPO: generate with vLLM on the GPU (TRL's use_vllm; needs `pip install vllm`)."
+    )
+    vllm_mode: Literal["colocate", "server"] = flag(
+        "colocate",
+        "--vllm-mode",
+        "With --use-vllm: colocate (default; the only mode with --agent) or server (`trl vllm-serve`).",
+    )
+    vllm_gpu_memory_utilization: float | None = flag(
+        None,
+        "--vllm-gpu-memory-utilization",
+        "With --use-vllm colocate: share of GPU memory vLLM takes (TRL's default 0.3).",
+        gt=0,
+        le=1,
+    )
 
     # KTO: None reads the weights flowrl's dataset builder wrote into flowrl_dataset.json
     desirable_weight: float | None = None
@@ -101,9 +155,9 @@ class TrainingConfig(_Strict):
     assistant_only_loss: bool | None = None
 
     lora: LoraSettings = Field(default_factory=LoraSettings)
-    merge: bool = False
-    report_to: list[str] = Field(default_factory=list)
-    progress_bar: bool = True
+    merge: bool = flag(False, "--merge/--no-merge", "Also save base + adapter merged into OUTPUT/merged.")
+    report_to: list[str] = flag([], "--report-to", "tensorboard, wandb, trackio (comma-separated).")
+    progress_bar: bool = flag(True, "--progress/--no-progress", "Show the progress bar.")
     trl_args: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("report_to", mode="before")
@@ -111,6 +165,13 @@ class TrainingConfig(_Strict):
     def _split_report_to(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]
+        return value
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _split_rewards(cls, value: Any) -> Any:
+        if isinstance(value, str):  # `--rewards a,b`
+            return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
     @field_validator("method", mode="before")

@@ -1,0 +1,58 @@
+"""`flowrl train`'s options are generated from `TrainingConfig` (issue 35: the command re-declared 33 of its fields
+by hand, as 40 parameters, and renamed them one by one)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from pydantic import BaseModel, Field
+from typer.testing import CliRunner
+
+from flowrl.cli.options import cli_fields, config_options
+from flowrl.cli.train import train
+from flowrl.train.config import TrainingConfig
+
+
+def test_train_takes_one_option_per_flagged_field() -> None:
+    params = inspect.signature(train).parameters
+    own = {"config", "resume", "resume_from", "lora", "lora_r", "lora_alpha", "trl"}
+    assert set(params) - own == set(cli_fields(TrainingConfig))
+    assert len(cli_fields(TrainingConfig)) >= 30
+    flag, help_text, _ = cli_fields(TrainingConfig)["per_device_train_batch_size"]
+    assert flag == "--batch-size" and help_text == TrainingConfig.model_fields["per_device_train_batch_size"].description
+
+
+class Toy(BaseModel):
+    steps: int = Field(1, description="Steps.", json_schema_extra={"flag": "--steps"})
+    mode: str = Field("a", description="Mode.", json_schema_extra={"flag": "--mode -m"})
+    fast: bool = Field(False, description="Fast.", json_schema_extra={"flag": "--fast/--slow"})
+    hidden: int = 3  # no flag: not on the command line
+
+
+def test_a_generated_command_parses_the_fields_and_keeps_its_own() -> None:
+    seen: dict[str, Any] = {}
+
+    @config_options(Toy)
+    def run(out: Path = typer.Option(Path("x"), "--out"), **fields: Any) -> None:
+        seen.update(fields, out=out)
+
+    app = typer.Typer()
+    app.command()(run)
+    done = CliRunner().invoke(app, ["--steps", "5", "-m", "b", "--fast", "--out", "y"])
+    assert done.exit_code == 0, done.output
+    assert seen == {"steps": 5, "mode": "b", "fast": True, "out": Path("y")}
+    seen.clear()
+    assert CliRunner().invoke(app, []).exit_code == 0
+    assert seen == {"steps": None, "mode": None, "fast": None, "out": Path("x")}  # None: not given
+    assert "--hidden" not in CliRunner().invoke(app, ["--help"]).output
+
+
+def test_a_field_given_twice_is_refused() -> None:
+    with pytest.raises(TypeError, match="steps declared twice"):
+
+        @config_options(Toy)
+        def run(steps: int = typer.Option(1, "--steps"), **fields: Any) -> None: ...
