@@ -187,3 +187,24 @@ def test_the_run_record_lists_rows_dropped_at_training(tok: Any) -> None:
     ]
     out, stats = encode_for_trl("sft", rows, renderer, max_length=200)
     assert len(out) == 1 and stats.to_dict()["dropped_rows"][0]["trace_ids"] == ["long"]
+
+
+def test_a_registered_method_is_encoded_by_its_spec(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrl dataset show` and `build-dataset --max-length` encode by the method's `encoding` (issue 35: a new
+    method registered as the method table's docstring shows failed with `no encoding for method 'orpo'`)."""
+    from flowrl.methods import METHODS, MethodSpec, register_method
+
+    monkeypatch.setitem(METHODS, "orpo", METHODS["dpo"])  # restored after the test
+    register_method(
+        MethodSpec("orpo", "flowrl.data.dpo:DPODatasetBuilder", "ORPOConfig", "ORPOTrainer", (("chosen",),), 5e-5,
+                   "preference pairs for ORPO", encoding="dpo", trl_module="trl.experimental.orpo")
+    )  # fmt: skip
+    renderer = ChatRenderer(tok)
+    row = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "chosen": [{"role": "assistant", "content": "good"}],
+        "rejected": [{"role": "assistant", "content": "bad"}],
+    }
+    orpo = row_sequences("orpo", row, renderer, EncodeStats())
+    dpo = row_sequences("dpo", row, renderer, EncodeStats())
+    assert [s.input_ids for s in orpo] == [s.input_ids for s in dpo] and len(orpo) == 2

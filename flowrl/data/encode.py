@@ -33,8 +33,9 @@ from flowrl.data.tokens import (
     merge_calls,
     same_tokenizer,
 )
-from flowrl.rewards.base import completion_text
+from flowrl.methods import get_method
 from flowrl.trace.conversation import find_prompt_end
+from flowrl.trace.transcript import completion_text
 
 OTHER_TOKENIZER = "captured ids of another tokenizer: rendered with the chat template"
 NOT_MERGED = "captured calls do not merge into one sequence: rendered with the chat template"
@@ -176,16 +177,18 @@ def trajectory_parts(
 
 
 def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
-    """Every sequence a row stands for, with its loss mask (what `flowrl dataset show` prints)."""
-    if method == "sft":
+    """Every sequence a row stands for, with its loss mask (what `flowrl dataset show` prints). Chosen by the
+    method's `encoding` in the method table, so a registered method that reuses an encoding needs nothing here."""
+    encoding = get_method(method).encoding
+    if encoding == "sft":
         return sft_sequences(row, renderer, stats)
-    if method == "kto":
+    if encoding == "kto":
         p, c, source = kto_parts(row, renderer, stats)
         return [_pair(p, c, source=source)]
-    if method == "dpo":
+    if encoding == "dpo":
         p, c, r, source = dpo_parts(row, renderer, stats)
         return [_pair(p, c, source=source), _pair(p, r, source=source)]
-    if method == "grpo-offline":
+    if encoding == "grpo-offline":
         tokens = row.get("logged_tokens") or [None] * len(row["logged_completions"])
         out = []
         for completion, toks in zip(row["logged_completions"], tokens):
@@ -194,10 +197,10 @@ def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stat
             )
             out.append(_pair(p, c, m, source, logps))
         return out
-    if method == "grpo":
+    if encoding is None and get_method(method).is_grpo:  # online GRPO: the prompt the policy completes
         ids = renderer.ids(renderer.prepare(row["prompt"]), row.get("tools"), generation_prompt=True)
         return [TokenSequence(ids, [0] * len(ids), "template")]
-    raise ValueError(f"no encoding for method {method!r}")
+    raise ValueError(f"method {method!r}: no encoding {encoding!r} in flowrl.data.encode")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 
 from flowrl.errors import FlowRLError
 from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.transcript import completion_text
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +117,6 @@ def score_safely(reward: Any, traces: list[ExecutionTrace]) -> list[RewardResult
             result = RewardResult(None, error=note_crash(reward, wrong, "one trace"))
         out.append(result)
     return out
-
-
-def completion_text(completion: Any) -> str:
-    """TRL hands completions as strings (standard) or as lists of messages (conversational)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        parts = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
-        return "\n".join(p if isinstance(p, str) else str(p) for p in parts)
-    if isinstance(completion, dict):
-        return str(completion.get("content") or "")
-    return str(completion)
 
 
 def prompt_text(prompt: Any) -> str:

@@ -469,3 +469,15 @@ __all__ = [
     "tool_call_parts",
     "transcript_calls",
 ]
+
+
+def completion_text(completion: Any) -> str:
+    """TRL hands completions as strings (standard) or as lists of messages (conversational)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        parts = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        return "\n".join(p if isinstance(p, str) else str(p) for p in parts)
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    return str(completion)
