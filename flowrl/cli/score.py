@@ -161,8 +161,7 @@ def score_cmd(
                 bar.stop()
                 print_summary(exc.summary, st.root)
                 raise
-    if callable(getattr(st, "flush", None)):  # a segment store buffers its side records: durable before the summary
-        st.flush()
+    st.flush()  # a segment store buffers its side records: durable before the summary
     print_summary(summary, st.root)
 
 

@@ -38,8 +38,8 @@ from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
 from flowrl.data.workers import HEAVY, SegmentTask, Workers
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
-from flowrl.store.files import ReadProblem, TraceStore
-from flowrl.store.outcomes import ids_with_outcomes
+from flowrl.store.files import ReadProblem
+from flowrl.store.source import TraceSource
 from flowrl.trace.conversation import Conversation, trace_conversation
 from flowrl.trace.facts import label_of
 from flowrl.trace.schema import ExecutionTrace
@@ -106,11 +106,10 @@ class BuildResult:
 class _Source:
     """A store or an in-memory list of traces, read with the filters; `load(ref)` reads a trace again."""
 
-    def __init__(self, source: TraceStore | Iterable[ExecutionTrace], filters: DatasetFilter, stats: BuildStats):
-        # a TraceStore or a SegmentStore (same reading API); anything else is an iterable of traces
-        is_store = isinstance(source, TraceStore) or hasattr(source, "read_path")
-        self.store: TraceStore | None = cast(TraceStore, source) if is_store else None
-        self.traces = None if self.store is not None else list(source)  # type: ignore[arg-type]
+    def __init__(self, source: TraceSource | Iterable[ExecutionTrace], filters: DatasetFilter, stats: BuildStats):
+        # a store (either layout: `TraceSource`); anything else is an iterable of traces
+        self.store: TraceSource | None = source if isinstance(source, TraceSource) else None
+        self.traces = None if self.store is not None else list(cast(Iterable[ExecutionTrace], source))
         self.flt = filters.trace_filter()
         self.stats = stats
         self.columnar = False
@@ -126,8 +125,7 @@ class _Source:
 
     def total(self) -> int:
         if self.store is not None:
-            count = getattr(self.store, "count_paths", None)  # a segment store counts a segment at a time
-            return count(self.flt) if count else sum(1 for _ in self.store.iter_paths(self.flt))
+            return self.store.count_paths(self.flt)
         return len(self.traces or [])
 
     def scan(self) -> Iterator[tuple[Any, ExecutionTrace]]:
@@ -153,7 +151,7 @@ class _Source:
                     yield None, view  # type: ignore[misc]
             return
         # which traces have host outcomes, listed once (as `iter_traces` does): not one lookup per trace file
-        outcome_ids = ids_with_outcomes(self.store.root) if isinstance(self.store, TraceStore) else None
+        outcome_ids = self.store.listed_outcomes()
         for path in self.store.iter_paths(self.flt):
             yield self._read(path, outcome_ids)
 
@@ -214,7 +212,7 @@ class DatasetPipeline:
     # -- entry points ---------------------------------------------------------------------------
     def build(
         self,
-        source: TraceStore | Iterable[ExecutionTrace],
+        source: TraceSource | Iterable[ExecutionTrace],
         out: str | Path,
         *,
         parquet: bool = False,
@@ -265,10 +263,11 @@ class DatasetPipeline:
             return None
         if not src.columnar:
             why = why_not or f"a {self.method} build is made in one process"
-        elif not getattr(src.store, "shared", False):
+        elif src.store is None or not src.store.shared:
             why = "the store is in this process's memory"
         else:
-            return Workers(self.workers, src.store.url, self.builder.features().arrow_schema, out / ".flowrl-build")  # type: ignore[union-attr]
+            url = cast(Any, src.store).url  # a columnar scan is a SegmentStore's (`columnar.items`)
+            return Workers(self.workers, url, self.builder.features().arrow_schema, out / ".flowrl-build")
         log.warning("flowrl: --workers %d: this build runs in one process (%s)", self.workers, why)
         return None
 
@@ -287,7 +286,7 @@ class DatasetPipeline:
         self.worker_peaks = pool.peaks
         return arrows
 
-    def to_dataset_dict(self, source: TraceStore | Iterable[ExecutionTrace]) -> Any:
+    def to_dataset_dict(self, source: TraceSource | Iterable[ExecutionTrace]) -> Any:
         """The dataset as an in-memory `datasets.DatasetDict` (no files written)."""
         src = _Source(source, self.filters, self.stats)
         sink = MemorySink()

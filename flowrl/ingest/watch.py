@@ -176,9 +176,7 @@ class Watcher:
     def save_state(self) -> None:
         """Remember which files are read, once what was read from them is stored: a segment store's buffered
         traces are put first, so the state never names a file whose traces a crash could still lose."""
-        flush = getattr(self.store, "flush", None)
-        if flush is not None:
-            flush()
+        self.store.flush()
         data = {"version": STATE_VERSION, "files": self.files_state}
         staging = self.home / STAGING  # a local store's own staging folder
         staging.mkdir(parents=True, exist_ok=True)

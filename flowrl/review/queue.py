@@ -238,9 +238,7 @@ class Reviewer:
         shown = self.suggester.suggest(self.get(trace_id)).good
         with self._lock:
             trace = self.store.label(trace_id, good, notes)
-            flush = getattr(self.store, "flush", None)
-            if flush is not None:  # a SegmentStore buffers its side records: make the label durable now
-                flush()
+            self.store.flush()  # a SegmentStore buffers its side records: make the label durable now
             today = datetime.now(UTC).date().isoformat()
             self._today = {today: self._today.get(today, 0) + 1}
         self.suggester.record(shown, good)

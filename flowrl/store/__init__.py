@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "TRACE_ID": "flowrl.store.files",
     "SegmentStore": "flowrl.store.segments",
     "open_store": "flowrl.store.opener",
+    "TraceSource": "flowrl.store.source",
 }
 
 __all__ = [*_LAZY]

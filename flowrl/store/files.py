@@ -492,6 +492,23 @@ class TraceStore(ProblemRecords, OutcomeRecords):
     def count(self) -> int:
         return sum(1 for _ in self._paths(None, ReadProblems()))
 
+    def count_paths(self, flt: TraceFilter | None = None) -> int:
+        """How many paths `iter_paths(flt)` gives."""
+        return sum(1 for _ in self.iter_paths(flt))
+
+    def listed_outcomes(self) -> set[str]:
+        """The ids of the traces with host outcomes, listed once (what `read_path(outcome_ids=...)` takes), so a
+        scan does not look for outcomes once per trace file."""
+        return ids_with_outcomes(self.root)
+
+    @property
+    def shared(self) -> bool:
+        """A folder: another process that opens it sees it."""
+        return True
+
+    def flush(self) -> None:
+        """Nothing is buffered: every write is durable when it returns."""
+
 
 # The fields of a person's review: `label` writes them, `update` never undoes them.
 _REVIEW_FIELDS = ("label", "label_source", "manual_review", "review_notes")

@@ -336,6 +336,10 @@ class SegmentStore(ProblemRecords, OutcomeRecords):
         for ref in self._listing(None if flt is None else _days_only(flt), self._begin()):
             yield self._catalog.ref_text(ref)
 
+    def listed_outcomes(self) -> None:
+        """None: a segment store merges a trace's side records (its outcomes among them) as it reads it."""
+        return None
+
     def count_paths(self, flt: TraceFilter | None = None) -> int:
         """How many paths `iter_paths(flt)` gives, without making them (a segment's rows counted at once)."""
         hits = self._winners(None if flt is None else _days_only(flt), self._begin())
