@@ -23,7 +23,8 @@ def test_train_takes_one_option_per_flagged_field() -> None:
     assert set(params) - own == set(cli_fields(TrainingConfig))
     assert len(cli_fields(TrainingConfig)) >= 30
     flag, help_text, _ = cli_fields(TrainingConfig)["per_device_train_batch_size"]
-    assert flag == "--batch-size" and help_text == TrainingConfig.model_fields["per_device_train_batch_size"].description
+    field = TrainingConfig.model_fields["per_device_train_batch_size"]
+    assert flag == "--batch-size" and help_text == field.description
 
 
 class Toy(BaseModel):
