@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import threading
@@ -10,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from flowrl.errors import ConfigError
+from flowrl.rewards.config import load_config
 from flowrl.rewards.judge import LLMJudgeReward
 from flowrl.rewards.judge_client import JudgeClient, extract_json
 from flowrl.trace.schema import ExecutionTrace
@@ -362,3 +365,27 @@ def test_extract_json_variants():
     assert extract_json('Here you go: {"a": {"b": 2}} hope that helps') == {"a": {"b": 2}}
     with pytest.raises(ValueError):
         extract_json("no json here")
+
+
+def test_judge_options_are_its_clients_declared_once(tmp_path):
+    """The reward's signature (what `help()` shows and reward configs are checked against) is its own options then
+    `JudgeClient`'s keywords, without `sleep`; a TOML key of either kind reaches the right place."""
+    reward_options = set(inspect.signature(LLMJudgeReward).parameters)
+    client_options = set(inspect.signature(JudgeClient).parameters) - {"sleep"}
+    assert client_options <= reward_options and "sleep" not in reward_options
+    assert {"mode", "rubric", "max_group_size", "max_chars_per_message", "concurrency"} <= reward_options
+
+    path = tmp_path / "rewards.toml"
+    path.write_text("[rewards.judge]\nmodel = 'm'\nmode = 'absolute'\ntimeout_s = 5\nmax_retries = 1\n")
+    reward = LLMJudgeReward(**load_config(path).rewards["judge"].options)
+    assert reward.mode == "absolute"
+    assert (reward.client.model, reward.client.timeout_s, reward.client.max_retries) == ("m", 5, 1)
+    for key in ("sleep", "timeout"):
+        path.write_text(f"[rewards.judge]\nmodel = 'm'\n{key} = 1\n")
+        with pytest.raises(ConfigError, match=f"rewards.judge.{key}: the judge reward has no option"):
+            load_config(path)
+
+
+def test_a_client_given_wins_over_client_options():
+    client = JudgeClient("http://127.0.0.1:9/v1", "given")
+    assert LLMJudgeReward(client=client, model="ignored").client is client

@@ -12,7 +12,7 @@ import pytest
 from flowrl.cli import main
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.engine import RewardEngine
-from flowrl.rewards.scoring import apply_results, score_store
+from flowrl.rewards.scoring import apply_results, pack, score_store
 from flowrl.store.files import TraceStore
 from flowrl.trace.load import load_trace
 from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
@@ -234,3 +234,35 @@ def test_judge_in_a_store_run_sees_each_task_group_once(tmp_path, monkeypatch):
     assert summary.scored == 9 and summary.rewards["judge"].values == 9
     assert len(_Judge.requests) == 3
     assert all(r.count("<trajectory id=") == 3 for r in _Judge.requests)
+
+
+class _ListBackend:
+    """A ScoringBackend over a plain list of traces: what `score_store` asks of a backend, and nothing more."""
+
+    def __init__(self, traces: list[ExecutionTrace]) -> None:
+        self.traces = {t.trace_id: t for t in traces}
+        self.batches: list[list[str]] = []
+
+    def select(self, store, problems, pick):
+        problems.append("one unreadable entry")
+        return ((t, t.trace_id) for t in self.traces.values() if pick(t))
+
+    def compute(self, work):
+        for ids in pack(work.todo, work.batch_size):
+            self.batches.append(ids)
+            yield [(i, r, None) for i, r in zip(ids, work.engine.compute_batch([self.traces[i] for i in ids]))]
+
+    def reread(self, store, key):
+        return store.get(key)
+
+
+def test_score_store_counts_and_writes_what_any_backend_computes(tmp_path):
+    store = fill_store(tmp_path / "store")
+    engine = RewardEngine.from_config(config(tmp_path))
+    backend = _ListBackend(list(store.iter_traces()))
+    summary = score_store(store, engine, batch_size=3, backend=backend)
+    assert summary.scored == summary.seen == len(backend.traces) and summary.problems == ["one unreadable entry"]
+    assert sorted(i for b in backend.batches for i in b) == sorted(backend.traces)
+    assert all(set(NAMES) <= set(t.rewards) for t in store.iter_traces())
+    assert store.get("manual-bad").label is False  # a manual label stays
+    assert score_store(store, engine, backend=_ListBackend(list(store.iter_traces()))).skipped == summary.seen

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from flowrl.cli import main
-from flowrl.rewards.ray_scoring import decode_trace, encode_trace
+from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.ray_scoring import decode_trace, encode_trace, score_store_ray
+from flowrl.rewards.scoring import ErrorBudgetExceeded
 from flowrl.store.files import TraceStore
 from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 from tests.test_score_cli import fill_store
@@ -140,3 +142,21 @@ def test_ray_scores_as_the_one_process_run(tmp_path, capsys):
     assert "Dataset" not in out  # Ray Data's own log lines stay out of the command's output
     assert scored(on_ray) == scored(one)
     assert json.dumps(scored(on_ray)["code-bad"]["details"]["host_outcome"], sort_keys=True)
+
+
+@pytest.mark.slow
+def test_ray_over_the_error_budget_writes_nothing_and_stops_ray(tmp_path):
+    """A judge that cannot be reached errs on every trace: the Ray run raises ErrorBudgetExceeded as one process
+    does, writes nothing, and the local Ray it started is stopped."""
+    ray = pytest.importorskip("ray")
+    store = code_store(tmp_path / "store")
+    path = tmp_path / "judge.toml"
+    path.write_text(
+        "[rewards.code_execution]\nenabled = false\n"
+        "[rewards.judge]\nmodel = 'm'\nbase_url = 'http://127.0.0.1:9/v1'\nmax_retries = 0\ntimeout_s = 0.5\n"
+    )
+    with pytest.raises(ErrorBudgetExceeded, match="reward 'judge' crashed") as info:
+        score_store_ray(store, RewardEngine.from_config(path), ray_workers=2, batch_size=2)
+    assert info.value.summary.todo == 9 and info.value.summary.scored == 0
+    assert not ray.is_initialized()
+    assert all(not t.rewards for t in store.iter_traces())

@@ -19,11 +19,11 @@ Anthropic's compatible endpoint, OpenRouter, vLLM and Ollama).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
@@ -85,31 +85,38 @@ def _dump(message: dict[str, Any]) -> str:
     return json.dumps(message, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def _with_client_options(init: Callable[..., None]) -> Callable[..., None]:
+    """Let `init` take `JudgeClient`'s options through its `**client_options`, and say so in its signature: its
+    own parameters, then the client's keywords (not `sleep`), which is what `help()` shows and what a reward
+    config's keys are checked against (`flowrl.rewards.config`). The client declares them once."""
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in own}
+    client = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(JudgeClient).parameters.values()
+        if p.name != "sleep" and p.name not in taken
+    ]
+    init.__signature__ = inspect.Signature(own + client)  # type: ignore[attr-defined]  # what inspect reads
+    return init
+
+
 class LLMJudgeReward(Reward):
+    """`client_options` are `JudgeClient`'s keywords (endpoint, model, key, timeout, retries, cache, ...), declared
+    there once; they are TOML keys under [rewards.judge] like the reward's own, and make the reward's client
+    unless `client` is given."""
+
     name = "judge"
 
-    def __init__(  # noqa: PLR0913  # keyword-only: the reward's TOML options
+    @_with_client_options
+    def __init__(
         self,
         mode: str = "relative",
         rubric: str = DEFAULT_RUBRIC,
-        base_url: str | None = None,
-        model: str | None = None,
-        api_key: str | None = None,
-        api_key_env: str | None = None,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 1.0,
-        max_backoff_s: float = 30.0,
-        temperature: float | None = 0.0,
-        max_tokens: int | None = 2048,
-        json_mode: bool = True,
-        cache_dir: str | Path | None = None,
         max_group_size: int = 12,
         max_chars_per_message: int = 4000,
         concurrency: int = 4,
-        extra_headers: dict[str, str] | None = None,
-        extra_body: dict[str, Any] | None = None,
         client: JudgeClient | None = None,
+        **client_options: Any,
     ) -> None:
         if mode not in ("relative", "absolute"):
             raise ConfigError(f"judge mode {mode!r}: use relative or absolute")
@@ -117,22 +124,7 @@ class LLMJudgeReward(Reward):
         self.max_group_size = max(1, max_group_size)
         self.max_chars = max_chars_per_message
         self.concurrency = max(1, concurrency)
-        self.client = client or JudgeClient(
-            base_url,
-            model,
-            api_key,
-            api_key_env,
-            timeout_s,
-            max_retries,
-            backoff_s,
-            max_backoff_s,
-            temperature,
-            max_tokens,
-            json_mode,
-            cache_dir,
-            extra_headers,
-            extra_body,
-        )
+        self.client = client or JudgeClient(**client_options)
 
     @property
     def stats(self) -> dict[str, int]:

@@ -1,11 +1,11 @@
 """score_store_ray: `flowrl score --ray`, the reward engine on Ray Data workers, the store written by the driver.
 
-The driver does what `score_store` does around the computing, with the same functions of `flowrl.rewards.scoring`:
-it reads the store through its API (`store.iter_traces()`, so a JSON store and a segment store alike), counts and
-picks the traces to score (`consider`: missing rewards, outcomes recorded since, `--all`), lets learned rewards
-fit on the manual labels (`engine.prepare`), and packs whole task groups into batches (`pack`). Each batch goes to
-the workers as one row: the traces as their stored JSON (`flowrl.store.dumps`, loaded back with `load_trace`) and
-their host outcomes (side records that a trace's JSON leaves out).
+The driver is `score_store` itself with a `RayBackend` (`flowrl.rewards.scoring.ScoringBackend`), which only
+moves the computing: it reads the store through its API (`store.iter_traces()`, so a JSON store and a segment
+store alike), counts and picks the traces to score (`consider`: missing rewards, outcomes recorded since,
+`--all`), lets learned rewards fit on the manual labels (`engine.prepare`), and packs whole task groups into
+batches (`pack`). Each batch goes to the workers as one row: the traces as their stored JSON (`flowrl.store.dumps`,
+loaded back with `load_trace`) and their host outcomes (side records that a trace's JSON leaves out).
 
 The workers are a pool of `ScoreWorker` actors (`map_batches` with `ActorPoolStrategy(size=N)`, `--ray-workers
 N`). Each builds ONE `RewardEngine` from the driver's loaded config, and so one code sandbox, kept for every batch
@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -38,18 +38,8 @@ import orjson
 from flowrl.errors import ConfigError, MissingExtraError, SchemaError
 from flowrl.rewards.base import Reward
 from flowrl.rewards.config import EngineConfig
-from flowrl.rewards.engine import Results, RewardEngine
-from flowrl.rewards.scoring import (
-    DEFAULT_MAX_ERROR_RATE,
-    Progress,
-    ScoreSummary,
-    Tally,
-    consider,
-    new_summary,
-    pack,
-    write_back,
-)
-from flowrl.rewards.views import group_key
+from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.scoring import Row, ScoreSummary, Work, pack, score_store
 from flowrl.store.files import TraceStore, dumps
 from flowrl.trace.load import load_trace
 from flowrl.trace.outcomes import HostOutcome
@@ -167,9 +157,9 @@ def _prepared(engine: RewardEngine) -> dict[str, Reward]:
     return {name: r for name, r in engine.rewards.items() if callable(getattr(r, "prepare", None))}
 
 
-def _rows(batch: Any) -> list[tuple[str, Results | None, str | None]]:
+def _rows(batch: Any) -> list[Row[str]]:
     """A worker's output block as (trace id, results, error) items for `Tally.add`."""
-    out: list[tuple[str, Results | None, str | None]] = []
+    out: list[Row[str]] = []
     for trace_id, results, error in zip(
         batch.column("trace_id").to_pylist(), batch.column("results").to_pylist(), batch.column("error").to_pylist()
     ):
@@ -177,45 +167,30 @@ def _rows(batch: Any) -> list[tuple[str, Results | None, str | None]]:
     return out
 
 
-def score_store_ray(  # noqa: PLR0913  # keyword-only: score_store's options and Ray's
-    store: TraceStore,
-    engine: RewardEngine,
-    address: str | None = None,
-    ray_workers: int = 2,
-    rescore_all: bool = False,
-    progress: Progress | None = None,
-    workers: int = 4,
-    batch_size: int = 16,
-    max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
-) -> ScoreSummary:
-    """`score_store` with the computing on `ray_workers` Ray actors; same selection, records, labels and error
-    budget (ErrorBudgetExceeded, nothing written). Each Ray worker scores up to `workers` batches at once (threads
-    sharing its engine, as `score_store`'s do), and `workers` threads write the results back on the driver.
+class RayBackend:
+    """`score_store`'s backend for Ray (see the module's doc): the store read through its API, the traces sent to a
+    pool of `ray_workers` `ScoreWorker` actors as their JSON, and read again by id for the write."""
 
-    `engine` must come from `RewardEngine.from_config` (each worker builds its own from the same config)."""
-    if engine.config is None:
-        raise ConfigError("scoring on Ray builds each worker's engine from a config: use RewardEngine.from_config")
-    if ray_workers < 1:
-        raise ConfigError(f"ray_workers must be at least 1, got {ray_workers}")
-    ray = import_ray()
-    summary = new_summary(engine, max_error_rate)
-    todo: list[tuple[str, tuple[bytes, bytes]]] = []
-    labelled: list[ExecutionTrace] | None = [] if engine.needs_preparation() else None
-    with store.operation() as problems:
-        for trace in store.iter_traces():
-            if consider(trace, engine, summary, rescore_all, labelled):
-                todo.append((group_key(trace), encode_trace(trace)))
-    summary.problems.extend(p.message for p in problems)
-    if labelled is not None:
-        summary.prepared = engine.prepare(labelled)
-        labelled.clear()
+    def __init__(self, ray: ModuleType, address: str | None, ray_workers: int) -> None:
+        self.ray, self.address, self.ray_workers = ray, address, ray_workers
 
-    size = max(1, min(batch_size, math.ceil(len(todo) / ray_workers)))  # a small run still reaches every worker
-    payloads = [pickle.dumps(batch) for batch in pack(todo, size)]
-    tally: Tally[str] = Tally(summary, engine, len(todo), progress)
-    todo.clear()
-    if payloads:
-        with ray_session(ray, address, num_cpus=ray_workers):
+    def select(
+        self, store: TraceStore, problems: list[str], pick: Callable[[ExecutionTrace], bool]
+    ) -> Iterator[tuple[ExecutionTrace, tuple[bytes, bytes]]]:
+        with store.operation() as skipped:
+            for trace in store.iter_traces():
+                if pick(trace):
+                    yield trace, encode_trace(trace)
+        problems.extend(p.message for p in skipped)
+
+    def compute(self, work: Work[tuple[bytes, bytes]]) -> Generator[list[Row[str]], None, None]:
+        ray, todo = self.ray, work.todo
+        size = max(1, min(work.batch_size, math.ceil(len(todo) / self.ray_workers)))  # a small run reaches each
+        payloads = [pickle.dumps(batch) for batch in pack(todo, size)]
+        todo.clear()  # score_store's list: the encoded traces live on in the payloads only
+        if not payloads:
+            return
+        with ray_session(ray, self.address, num_cpus=self.ray_workers):
             context = ray.data.DataContext.get_current()
             context.enable_progress_bars = False  # the caller shows progress (`flowrl score`: its own bar)
             quiet = logging.getLogger("ray.data")
@@ -225,10 +200,10 @@ def score_store_ray(  # noqa: PLR0913  # keyword-only: score_store's options and
             payloads.clear()
             scored = ds.map_batches(
                 ScoreWorker,
-                fn_constructor_kwargs={"config": engine.config, "prepared": _prepared(engine)},
+                fn_constructor_kwargs={"config": work.engine.config, "prepared": _prepared(work.engine)},
                 compute=ray.data.ActorPoolStrategy(  # up to `workers` batches at once per worker, as in one process
-                    size=ray_workers,
-                    max_concurrent_calls_per_actor=max(1, workers),
+                    size=self.ray_workers,
+                    max_concurrent_calls_per_actor=max(1, work.workers),
                     enable_true_multi_threading=True,
                 ),
                 batch_size=1,
@@ -236,10 +211,27 @@ def score_store_ray(  # noqa: PLR0913  # keyword-only: score_store's options and
             )
             try:
                 for block in scored.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    tally.add(_rows(block))
-                    if tally.hopeless:  # stop computing: nothing will be written
+                    yield _rows(block)
+                    if work.stop():  # the budget is blown: nothing will be written
                         break
             finally:
                 quiet.setLevel(level)
-    write_back(store, engine, summary, tally.finish(), store.get, workers)
-    return summary
+
+    def reread(self, store: TraceStore, key: str) -> ExecutionTrace:
+        return store.get(key)
+
+
+def score_store_ray(
+    store: TraceStore, engine: RewardEngine, address: str | None = None, ray_workers: int = 2, **options: Any
+) -> ScoreSummary:
+    """`score_store` with the computing on `ray_workers` Ray actors; same selection, records, labels and error
+    budget (ErrorBudgetExceeded, nothing written). `options` are `score_store`'s keywords (`rescore_all`,
+    `progress`, `workers`, `batch_size`, `max_error_rate`). Each Ray worker scores up to `workers` batches at once
+    (threads sharing its engine, as `score_store`'s do), and `workers` threads write the results back on the driver.
+
+    `engine` must come from `RewardEngine.from_config` (each worker builds its own from the same config)."""
+    if engine.config is None:
+        raise ConfigError("scoring on Ray builds each worker's engine from a config: use RewardEngine.from_config")
+    if ray_workers < 1:
+        raise ConfigError(f"ray_workers must be at least 1, got {ray_workers}")
+    return score_store(store, engine, backend=RayBackend(import_ray(), address, ray_workers), **options)

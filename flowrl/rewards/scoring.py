@@ -14,20 +14,24 @@ as soon as the budget can no longer be met. Within the budget, the traces are wr
 gets its other rewards, the error in `reward_details[name]["error"]`, no combined score and no engine label;
 `rescore_all` (`flowrl score --all`) scores it again once the reward is fixed.
 
-The per-trace steps are shared with the Ray path (`flowrl.rewards.ray_scoring`, `flowrl score --ray`), which only
-moves the computing elsewhere: `consider` (count a trace, pick it for scoring), `pack` (batches of whole task
-groups), `Tally` (count results, the error budget) and `write_back` (read again, keep a manual label, update).
+Where the store is read and the rewards computed is a `ScoringBackend`: `ThreadBackend` (the default, this
+process's threads) or the Ray one (`flowrl.rewards.ray_scoring`, `flowrl score --ray`), which only moves the
+computing elsewhere. Everything else is `score_store`'s for both: `consider` (count a trace, pick it for
+scoring), `pack` (batches of whole task groups), `Tally` (count results, the error budget) and `write_back`
+(read again, keep a manual label, update).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.rewards.engine import Results, RewardEngine
@@ -200,7 +204,42 @@ def new_summary(engine: RewardEngine, max_error_rate: float) -> ScoreSummary:
     return ScoreSummary(weights=dict(engine.weights), max_error_rate=max_error_rate)
 
 
-Key = TypeVar("Key")
+Key = TypeVar("Key")  # what the write-back reads a trace again by: its path, or its id
+Item = TypeVar("Item")  # what the computing gets of a trace: its path (read again there), or its encoded JSON
+Row = tuple[Key, Results | None, str | None]  # one trace's results, or None and why it could not be read
+
+
+@dataclass(frozen=True, slots=True)
+class Work(Generic[Item]):
+    """What a backend's `compute` gets from `score_store`."""
+
+    store: TraceStore
+    engine: RewardEngine
+    todo: list[tuple[str, Item]]  # (task group, item) of each trace picked; a whole group goes to one batch
+    batch_size: int  # traces a batch, about (`pack`)
+    workers: int  # batches computed at once (per Ray worker on Ray)
+    stop: Callable[[], bool]  # true once the error budget is blown: compute no more
+
+
+class ScoringBackend(Protocol[Item, Key]):
+    """Where `score_store` reads the store and computes the rewards. The rest is `score_store`'s whichever the
+    backend: picking the traces (`consider`), preparing learned rewards, counting results against the error budget
+    (`Tally`) and writing them back (`write_back`). `ThreadBackend` is the default."""
+
+    def select(
+        self, store: TraceStore, problems: list[str], pick: Callable[[ExecutionTrace], bool]
+    ) -> Iterator[tuple[ExecutionTrace, Item]]:
+        """The store's traces that `pick` takes (it sees every trace read), each with what `compute` needs of it;
+        what cannot be read is named in `problems`."""
+        ...
+
+    def compute(self, work: Work[Item]) -> Generator[list[Row[Key]], None, None]:
+        """The results of `work.todo`, packed into batches, one batch at a time as they come."""
+        ...
+
+    def reread(self, store: TraceStore, key: Key) -> ExecutionTrace:
+        """The trace of `key` as the store has it now, read right before its write."""
+        ...
 
 
 class Tally(Generic[Key]):
@@ -218,7 +257,7 @@ class Tally(Generic[Key]):
         if progress:
             progress(0, total)
 
-    def add(self, items: Iterable[tuple[Key, Results | None, str | None]]) -> None:
+    def add(self, items: Iterable[Row[Key]]) -> None:
         """Count one batch of (key, results, error); results None: the trace could not be read."""
         for key, results, error in items:
             self.done += 1
@@ -294,6 +333,46 @@ def pack(items: list[tuple[str, Key]], size: int) -> list[list[Key]]:
     return batches
 
 
+class ThreadBackend:
+    """`score_store`'s default backend: the store's files read by path, and the batches computed by `workers`
+    threads of this process sharing its engine (the sandbox reward batches its own programs)."""
+
+    def select(
+        self, store: TraceStore, problems: list[str], pick: Callable[[ExecutionTrace], bool]
+    ) -> Iterator[tuple[ExecutionTrace, Path]]:
+        for path in store.iter_paths():
+            try:
+                trace = store.read_path(path)
+            except SchemaError as exc:
+                problems.append(str(exc))
+                continue
+            if pick(trace):
+                yield trace, path
+
+    def compute(self, work: Work[Path]) -> Generator[list[Row[Path]], None, None]:
+        def batch(paths: list[Path]) -> list[Row[Path]]:
+            if work.stop():
+                return []
+            traces, kept = [], []
+            out: list[Row[Path]] = []
+            for p in paths:
+                try:
+                    traces.append(work.store.read_path(p))
+                    kept.append(p)
+                except SchemaError as exc:
+                    out.append((p, None, str(exc)))
+            out.extend((path, results, None) for path, results in zip(kept, work.engine.compute_batch(traces)))
+            return out
+
+        with ThreadPoolExecutor(max_workers=max(1, work.workers)) as pool:
+            futures = [pool.submit(batch, b) for b in pack(work.todo, max(1, work.batch_size))]
+            for fut in as_completed(futures):
+                yield fut.result()
+
+    def reread(self, store: TraceStore, key: Path) -> ExecutionTrace:
+        return store.read_path(key)
+
+
 def score_store(
     store: TraceStore,
     engine: RewardEngine,
@@ -302,49 +381,32 @@ def score_store(
     workers: int = 4,
     batch_size: int = 16,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
+    backend: ScoringBackend[Any, Any] | None = None,
 ) -> ScoreSummary:
     """Score what has no score yet (or everything with `rescore_all`) and write it back. Never prints.
 
     Computes every result first; raises ErrorBudgetExceeded, having written nothing, when more than
-    `max_error_rate` of the (trace, reward) results are errors (a reward crashed)."""
+    `max_error_rate` of the (trace, reward) results are errors (a reward crashed). `backend` reads the store and
+    computes: `ThreadBackend` (None) in this process, `flowrl.rewards.ray_scoring.RayBackend` on Ray workers."""
+    backend = backend or ThreadBackend()
     summary = new_summary(engine, max_error_rate)
-    todo: list[tuple[str, Path]] = []
     labelled: list[ExecutionTrace] | None = [] if engine.needs_preparation() else None
-    for path in store.iter_paths():
-        try:
-            trace = store.read_path(path)
-        except SchemaError as exc:
-            summary.problems.append(str(exc))
-            continue
-        if consider(trace, engine, summary, rescore_all, labelled):
-            todo.append((group_key(trace), path))
+
+    def pick(trace: ExecutionTrace) -> bool:
+        return consider(trace, engine, summary, rescore_all, labelled)
+
+    todo = [(group_key(trace), item) for trace, item in backend.select(store, summary.problems, pick)]
     if labelled is not None:
         summary.prepared = engine.prepare(labelled)
         labelled.clear()
 
-    batches = pack(todo, max(1, batch_size))
-    tally: Tally[Path] = Tally(summary, engine, len(todo), progress)
+    tally: Tally[Any] = Tally(summary, engine, len(todo), progress)
     hopeless = threading.Event()  # the budget is already blown: compute no more
-
-    def compute(paths: list[Path]) -> list[tuple[Path, Results | None, str | None]]:
-        if hopeless.is_set():
-            return []
-        traces, kept = [], []
-        out: list[tuple[Path, Results | None, str | None]] = []
-        for p in paths:
-            try:
-                traces.append(store.read_path(p))
-                kept.append(p)
-            except SchemaError as exc:
-                out.append((p, None, str(exc)))
-        out.extend((path, results, None) for path, results in zip(kept, engine.compute_batch(traces)))
-        return out
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(compute, b) for b in batches]
-        for fut in as_completed(futures):
-            tally.add(fut.result())
+    work = Work(store, engine, todo, batch_size, workers, hopeless.is_set)
+    with contextlib.closing(backend.compute(work)) as computed:
+        for rows in computed:
+            tally.add(rows)
             if tally.hopeless:
                 hopeless.set()
-    write_back(store, engine, summary, tally.finish(), store.read_path, workers)
+    write_back(store, engine, summary, tally.finish(), functools.partial(backend.reread, store), workers)
     return summary
