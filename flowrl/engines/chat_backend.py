@@ -11,16 +11,21 @@ that text can give other ids: `"}}` as one token or two), and builds the `Comple
 (batching), `flowrl.engines.llama_cpp_backend.LlamaCppBackend` (llama.cpp), `flowrl.train.agent_rollout.PolicyBackend`
 (the policy a trainer is training). It lives in `engines` so rollouts through an agent can use it; it imports nothing
 heavy.
+
+The sampling options every backend takes are declared here once: `SamplingOptions` names the keywords (a subclass
+takes them as `**options: Unpack[SamplingOptions]` beside its own), `TokensInBackend`'s class attributes give their
+defaults, and `call_seed` is the seed rule each engine samples a call with.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from flowrl.data.tokens import fingerprint
 from flowrl.errors import ConfigError, require
@@ -41,33 +46,54 @@ class Completion:
     tokenizer: str | None = None
 
 
+class SamplingOptions(TypedDict, total=False):
+    """The keywords every backend's constructor takes for how it samples (defaults: `TokensInBackend`'s)."""
+
+    max_new_tokens: int  # a reply's length at most, its end-of-turn token included
+    temperature: float  # softmax(logits / temperature); 0 is greedy
+    seed: int  # call n of a backend samples with `call_seed(seed, n)`
+    top_p: float  # the smallest set of tokens holding this much of the probability, after `top_k`
+    top_k: int  # the k most likely tokens; 0: all of them
+
+
+def call_seed(seed: int, number: int) -> int:
+    """The seed call `number` of a backend seeded with `seed` samples with: a call's reply does not depend on
+    which calls shared its steps, and the same prompts in the same order give the same replies."""
+    return seed * 1_000_003 + number
+
+
 class TokensInBackend:
     """What every local backend shares: the chat template rendered with the model's own tokenizer, earlier
     sampled replies put back as their sampled ids (`reuse_sampled`), and the `Completion` a call returns.
     A subclass implements `_generate(prompt ids) -> (sampled ids, logprobs)`."""
+
+    # How a call samples (`SamplingOptions`): these defaults, or what the constructor was given; `flowrl serve`
+    # sets them per request (`flowrl.serve.model.ServedModel._lease`).
+    max_new_tokens: int = 96
+    temperature: float = 0.8
+    seed: int = 0
+    top_p: float = 0.95
+    top_k: int = 50
 
     def __init__(
         self,
         model_dir: str | Path,
         *,
         adapter: str | Path | None = None,
-        max_new_tokens: int = 96,
-        temperature: float = 0.8,
-        seed: int = 0,
-        top_p: float = 0.95,
-        top_k: int = 50,
         tokenizer: Any = None,
+        **options: Unpack[SamplingOptions],
     ) -> None:
-        if max_new_tokens < 1:
-            raise ConfigError(f"{type(self).__name__} needs max_new_tokens >= 1 (got {max_new_tokens})")
+        unknown = sorted(options.keys() - SamplingOptions.__optional_keys__)
+        if unknown:  # what a signature listing each keyword would refuse
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {unknown}")
+        for name, value in options.items():
+            setattr(self, name, value)
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"{type(self).__name__} needs max_new_tokens >= 1 (got {self.max_new_tokens})")
         self.model_dir = Path(model_dir)
         self.model_name = str(adapter or model_dir)
         # `tokenizer`: one already loaded (a trainer's), else the model folder's
         self.tokenizer = tokenizer or require("transformers").AutoTokenizer.from_pretrained(str(model_dir))
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p, self.top_k = top_p, top_k
-        self.seed = seed
         # (prompt ids, sampled ids) of earlier calls, read by every caller's `reuse_sampled`
         self._sampled: deque[tuple[tuple[int, ...], tuple[int, ...]]] = deque(maxlen=256)
         self._sampled_lock = threading.Lock()
@@ -90,6 +116,13 @@ class TokensInBackend:
         self._stop_ids |= {int(i) for i in (ids if isinstance(ids, list) else [ids]) if i is not None}
         # filler, never sampled: a reply holding it could not be told from padding (unless it also ends a turn)
         self._unsampled = self._pad_id if self._pad_id not in self._stop_ids else None
+
+    def _also_stop_at_generation_config(self) -> None:
+        """Also stop at the `eos_token_id` of the model folder's `generation_config.json`, where it has one (for an
+        engine that does not load the model through transformers, which reads it itself)."""
+        config = self.model_dir / "generation_config.json"
+        if config.is_file():
+            self._also_stop_at(json.loads(config.read_text()).get("eos_token_id"))
 
     def render(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt ids for `messages`: the chat template's rendering, earlier replies as their sampled ids."""

@@ -31,9 +31,9 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from flowrl.engines.chat_backend import TokensInBackend
+from flowrl.engines.chat_backend import SamplingOptions, TokensInBackend, call_seed
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.export.gguf_writer import GGUFExporter
 from flowrl.export.llama_quiet import ignore_llama_devnull
@@ -107,35 +107,23 @@ class LlamaCppBackend(TokensInBackend):
     LoRA folder) merged in. `gguf` uses a GGUF file you already have instead (its vocabulary must be
     `model_dir`'s). Safe to call from many threads (one call runs at a time)."""
 
-    def __init__(  # noqa: PLR0913  # keyword-only engine options
+    def __init__(
         self,
         model_dir: str | Path,
         *,
         adapter: str | Path | None = None,
         gguf: str | Path | None = None,
         quant: str = "q8_0",
-        max_new_tokens: int = 96,
-        temperature: float = 0.8,
-        seed: int = 0,
-        top_p: float = 0.95,
-        top_k: int = 50,
         n_ctx: int = 4096,
         n_threads: int | None = None,
+        **options: Unpack[SamplingOptions],
     ) -> None:
         ignore_llama_devnull()
         try:
             import llama_cpp
         except ImportError as exc:
             raise ConfigError(f"the llama.cpp backend needs llama-cpp-python ({exc}): {INSTALL_HINT}") from exc
-        super().__init__(
-            model_dir,
-            adapter=adapter,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            top_p=top_p,
-            top_k=top_k,
-        )
+        super().__init__(model_dir, adapter=adapter, **options)
         self.gguf = Path(gguf) if gguf else gguf_for(model_dir, adapter, quant=quant)
         self.llm = (
             _llama_thread()
@@ -155,9 +143,7 @@ class LlamaCppBackend(TokensInBackend):
                 f"{self.gguf} has {self.llm.n_vocab()} tokens, the tokenizer in {model_dir} "
                 f"{len(self.tokenizer)}: they are not the same model"
             )
-        config = Path(model_dir) / "generation_config.json"
-        if config.is_file():
-            self._also_stop_at(json.loads(config.read_text()).get("eos_token_id"))
+        self._also_stop_at_generation_config()
         self._calls = 0
 
     def _generate(self, prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -173,7 +159,7 @@ class LlamaCppBackend(TokensInBackend):
         import numpy as np
 
         number, self._calls = self._calls, self._calls + 1
-        rng = np.random.default_rng(self.seed * 1_000_003 + number) if self.temperature > 0 else None
+        rng = np.random.default_rng(call_seed(self.seed, number)) if self.temperature > 0 else None
         self._feed(prompt)
         tokens: list[int] = []
         logprobs: list[float] = []

@@ -11,12 +11,11 @@ gets its own seed, (seed, call number), so a call's reply does not depend on whi
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from flowrl.engines.chat_backend import Completion, TokensInBackend
+from flowrl.engines.chat_backend import Completion, SamplingOptions, TokensInBackend, call_seed
 from flowrl.engines.llama_server import LlamaServer, Sampling
 
 
@@ -26,41 +25,28 @@ class LlamaServerBackend(TokensInBackend):
 
     concurrent = True  # `generate` may be called from many threads at once, each with its own sampling
 
-    def __init__(  # noqa: PLR0913  # keyword-only engine options
+    def __init__(
         self,
         model_dir: str | Path,
         server: LlamaServer,
         *,
         adapter: str | None = None,
-        max_new_tokens: int = 96,
-        temperature: float = 0.8,
-        seed: int = 0,
-        top_p: float = 0.95,
-        top_k: int = 50,
         tokenizer: Any = None,
+        **options: Unpack[SamplingOptions],
     ) -> None:
-        super().__init__(
-            model_dir,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            top_p=top_p,
-            top_k=top_k,
-            tokenizer=tokenizer,
-        )
+        super().__init__(model_dir, tokenizer=tokenizer, **options)
         self.server = server
         self.adapter_name = adapter
         self.model_name = adapter or Path(model_dir).name
-        config = Path(model_dir) / "generation_config.json"
-        if config.is_file():
-            self._also_stop_at(json.loads(config.read_text()).get("eos_token_id"))
+        self._also_stop_at_generation_config()
         self._numbers = itertools.count()
         self._count_lock = threading.Lock()
 
     def call_seed(self, seed: int) -> int:
+        """The seed of this backend's next call, sampling from `seed` (a request's own seed or the backend's)."""
         with self._count_lock:
             number = next(self._numbers)
-        return (seed * 1_000_003 + number) % (2**31)
+        return call_seed(seed, number) % (2**31)
 
     def _generate(self, prompt: list[int]) -> tuple[list[int], list[float] | None]:
         sampling = Sampling(

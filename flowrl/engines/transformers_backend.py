@@ -39,9 +39,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from flowrl.engines.chat_backend import Completion, TokensInBackend
+from flowrl.engines.chat_backend import Completion, SamplingOptions, TokensInBackend, call_seed
 from flowrl.errors import ConfigError, FlowRLError, require
 
 log = logging.getLogger(__name__)
@@ -119,33 +119,20 @@ class TransformersBackend(TokensInBackend):
     likely tokens, then to the smallest set holding `top_p` of the mass (as transformers' `generate` does);
     greedy when temperature is 0. The pad token is never picked, unless it also ends a turn."""
 
-    def __init__(  # noqa: PLR0913  # keyword-only engine options
+    def __init__(
         self,
         model_dir: str | Path,
         *,
         adapter: str | Path | None = None,
-        max_new_tokens: int = 96,
-        temperature: float = 0.8,
-        seed: int = 0,
         batch_size: int = 8,
         max_wait_ms: float = 20,
-        top_p: float = 0.95,
-        top_k: int = 50,
+        **options: Unpack[SamplingOptions],
     ) -> None:
-        if batch_size < 1 or max_new_tokens < 1 or max_wait_ms < 0:
+        if batch_size < 1 or max_wait_ms < 0:
             raise ConfigError(
-                f"TransformersBackend needs batch_size >= 1, max_new_tokens >= 1 and max_wait_ms >= 0 "
-                f"(got {batch_size}, {max_new_tokens}, {max_wait_ms})"
+                f"TransformersBackend needs batch_size >= 1 and max_wait_ms >= 0 (got {batch_size}, {max_wait_ms})"
             )
-        super().__init__(
-            model_dir,
-            adapter=adapter,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            top_p=top_p,
-            top_k=top_k,
-        )
+        super().__init__(model_dir, adapter=adapter, **options)
         torch = require("torch")
         transformers = require("transformers")
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -305,7 +292,7 @@ class TransformersBackend(TokensInBackend):
         if self.temperature <= 0:
             return None
         torch = require("torch")
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + number)
+        return torch.Generator().manual_seed(call_seed(self.seed, number))
 
     def _pick(self, logits: Any, samplers: list[Any]) -> tuple[Any, Any]:
         """Each row's next token and its log-probability under softmax(logits / temperature)."""
