@@ -111,3 +111,17 @@ def test_prepare_keeps_a_loaded_model_when_retrain_is_off(tmp_path):
     LearnedReward(model=path, min_labels=20).fit(labelled(40))
     reward = LearnedReward(model=path, retrain=False)
     assert reward.prepare([]) is None and reward.trained
+
+
+@pytest.mark.parametrize(
+    ("answer", "flagged"),
+    [
+        ("Error: could not finish", 1.0),
+        ("<think>the tool failed</think>System-Error: timeout", 1.0),  # was 0: a reasoning block hid it
+        ("Errors in the table were fixed: the total is 42", 0.0),  # was 1: not an error report
+    ],
+)
+def test_error_answer_feature_is_the_trace_rule(answer, flagged):
+    trace = make_trace(7, True)
+    trace.final_response = answer
+    assert dict(zip(FEATURES, LearnedReward().features(trace)))["error_answer"] == flagged

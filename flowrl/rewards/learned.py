@@ -35,6 +35,7 @@ from flowrl.rewards.task_completion import TaskCompletionReward
 from flowrl.rewards.tool_success import ToolSuccessReward
 from flowrl.rewards.views import answer_text, assistant_turns, is_manual_label, tool_calls
 from flowrl.store.files import atomic_write_bytes
+from flowrl.trace.facts import error_answer
 from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class LearnedReward(Reward):
             "log_query_chars": math.log1p(len(trace.user_query or "")),
             "log_tokens": math.log1p(tokens),
             "log_duration_s": math.log1p(max(0.0, (trace.execution_duration_ms or 0.0) / 1000.0)),
-            "error_answer": 1.0 if answer.lstrip().startswith("Error") else 0.0,
+            "error_answer": 1.0 if error_answer(answer) else 0.0,
         }
         return (
             [0.5 if values[n] is None else float(values[n]) for n in FEATURE_REWARDS]  # type: ignore[arg-type]
