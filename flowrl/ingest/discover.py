@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,8 @@ from flowrl.errors import IngestError
 from flowrl.ingest import langfuse, openai_logs, otlp_spans
 from flowrl.ingest.checkpoint import CHECKPOINT_NAME_RE
 from flowrl.ingest.obs import LIVE_FILE_RE, RUN_FILE_RE
+from flowrl.ingest.openai_logs import Parsed
+from flowrl.ingest.otlp import read_otlp
 
 CHECKPOINT, OBS, LIVE, TRACE = "checkpoint", "obs", "live", "trace"
 OTLP, OPENAI_LOG, LANGFUSE = "otlp", "openai-log", "langfuse-scores"
@@ -61,6 +63,34 @@ _PRUNE = {
 
 
 @dataclass(frozen=True)
+class Format:
+    """A file format told by its first bytes: `sniff` reads them, `read` turns the file into `Parsed` traces
+    (None: Langfuse scores, which become host outcomes, `flowrl.ingest.engine.Ingestor`), `suffixes` are names
+    taken as this format unread. A new format is its reader's file and one entry in FORMATS."""
+
+    kind: str
+    sniff: Callable[[bytes], bool]
+    read: Callable[[Path, bytes | None], Parsed] | None
+    suffixes: tuple[str, ...] = ()
+
+
+FORMATS: tuple[Format, ...] = (  # sniffed in this order
+    Format(OTLP, otlp_spans.sniff, read_otlp, suffixes=_PROTOBUF),
+    Format(LANGFUSE, langfuse.sniff, None),
+    Format(OPENAI_LOG, openai_logs.sniff, openai_logs.read_openai_log),
+)
+
+
+def reader(kind: str) -> Callable[[Path, bytes | None], Parsed] | None:
+    """The reader of a format in FORMATS that yields traces (None: another kind of source)."""
+    return next((f.read for f in FORMATS if f.kind == kind), None)
+
+
+def _by_suffix(name: str) -> str | None:
+    return next((f.kind for f in FORMATS if f.suffixes and name.endswith(f.suffixes)), None)
+
+
+@dataclass(frozen=True)
 class Source:
     kind: str
     path: Path
@@ -69,7 +99,8 @@ class Source:
 
 
 def sniff(path: Path) -> str | None:
-    """OTLP, LANGFUSE or OPENAI_LOG from a regular file's first bytes (None: none, or it cannot be read)."""
+    """The kind of the first format in FORMATS whose `sniff` knows a regular file's first bytes (None: none, or
+    the file cannot be read)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -82,13 +113,7 @@ def sniff(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-    if otlp_spans.sniff(head):
-        return OTLP
-    if langfuse.sniff(head):
-        return LANGFUSE
-    if openai_logs.sniff(head):
-        return OPENAI_LOG
-    return None
+    return next((f.kind for f in FORMATS if f.sniff(head)), None)
 
 
 def classify(path: Path) -> str | None:
@@ -99,8 +124,8 @@ def classify(path: Path) -> str | None:
         return CHECKPOINT if CHECKPOINT_NAME_RE.match(name) else None
     if name.startswith("."):
         return None
-    if name.endswith(_PROTOBUF):
-        return OTLP
+    if (kind := _by_suffix(name)) is not None:
+        return kind
     if name.endswith(".jsonl") and LIVE_FILE_RE.match(name):
         return LIVE
     if name.endswith(".json"):
@@ -117,8 +142,8 @@ def classify_explicit(path: Path) -> str:
     name = path.name
     if name.endswith(".pkl"):
         return CHECKPOINT
-    if name.endswith(_PROTOBUF):
-        return OTLP
+    if (kind := _by_suffix(name)) is not None:
+        return kind
     if name.endswith(".meta.json"):
         raise IngestError(f"{path}: a checkpoint's .meta.json sidecar holds no turns: give the .pkl next to it")
     if name.endswith(".json") and RUN_FILE_RE.match(name):

@@ -36,10 +36,9 @@ from flowrl.errors import FlowRLError, IngestError, StoreError
 from flowrl.ingest.build import from_chat, from_segment, rejoined
 from flowrl.ingest.checkpoint import ChatTurn, Checkpoint, split_turns
 from flowrl.ingest.checkpoint_read import load_checkpoint
-from flowrl.ingest.discover import CHECKPOINT, LANGFUSE, LIVE, OBS, OPENAI_LOG, OTLP, TRACE, Source, iter_sources
+from flowrl.ingest.discover import CHECKPOINT, LANGFUSE, LIVE, OBS, TRACE, Source, iter_sources, reader
 from flowrl.ingest.ids import interrupted_id, turn_id
-from flowrl.ingest.openai_logs import Parsed, read_openai_log
-from flowrl.ingest.otlp import read_otlp
+from flowrl.ingest.openai_logs import Parsed
 from flowrl.ingest.rl_traces import NotATrace, read_trace_file
 from flowrl.ingest.runs import RunIndex, match_segment, run_id_of, stat_sig
 from flowrl.ingest.summary import IngestSummary
@@ -119,7 +118,7 @@ class Ingestor:
         t0 = time.perf_counter()
         pending: list[Source] = []
         for src in iter_sources(paths, exclude):
-            if src.kind in (TRACE, OTLP, OPENAI_LOG):
+            if src.kind == TRACE or reader(src.kind) is not None:
                 yield from self.process([src])
             else:
                 if src.kind in (OBS, LIVE):
@@ -130,16 +129,12 @@ class Ingestor:
 
     def process(self, sources: Iterable[Source]) -> Iterator[ExecutionTrace]:
         """Ingest sources (checkpoints first, oldest first; then obs, live, traces). Problems are recorded."""
-        rank = {
-            CHECKPOINT: 0,
-            OBS: 1,
-            LIVE: 2,
-            TRACE: 3,
-            OTLP: 3,
-            OPENAI_LOG: 3,
-            LANGFUSE: 5,
-        }  # scores: after their traces
-        for src in sorted(sources, key=lambda s: (rank.get(s.kind, 4), str(s.path))):
+        rank = {CHECKPOINT: 0, OBS: 1, LIVE: 2, TRACE: 3, LANGFUSE: 5}  # scores: after their traces
+
+        def order(s: Source) -> tuple[int, str]:
+            return rank.get(s.kind, 3 if reader(s.kind) is not None else 4), str(s.path)
+
+        for src in sorted(sources, key=order):
             try:
                 yield from self.ingest_source(src)
             except NotReady as exc:
@@ -187,10 +182,8 @@ class Ingestor:
             out = self._offer(trace.trace_id, lambda: trace)
             if out is not None:
                 yield out
-        elif src.kind in (OTLP, OPENAI_LOG):
-            yield from self.ingest_parsed(
-                read_otlp(src.path, raw) if src.kind == OTLP else read_openai_log(src.path, raw)
-            )
+        elif (read := reader(src.kind)) is not None:
+            yield from self.ingest_parsed(read(src.path, raw))
         elif src.kind == LANGFUSE:
             self._langfuse_scores(src.path, raw)
         else:
