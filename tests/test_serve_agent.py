@@ -98,7 +98,7 @@ def test_example_agent_on_flowrl_serve_is_captured_with_the_served_ids(tmp_path:
     first = trace.llm_calls[0]
     from transformers import AutoTokenizer
 
-    from flowrl.data.tokens import fingerprint, same_tokenizer
+    from flowrl.trace.tokenizer import fingerprint, same_tokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     assert first.tokens_in == len(first.prompt_token_ids) and same_tokenizer(first.tokenizer, fingerprint(tokenizer))

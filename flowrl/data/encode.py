@@ -31,10 +31,10 @@ from flowrl.data.tokens import (
     RenderStats,
     TokenSequence,
     merge_calls,
-    same_tokenizer,
 )
 from flowrl.methods import get_method
 from flowrl.trace.conversation import find_prompt_end
+from flowrl.trace.tokenizer import same_tokenizer
 from flowrl.trace.transcript import completion_text
 
 OTHER_TOKENIZER = "captured ids of another tokenizer: rendered with the chat template"

@@ -16,14 +16,13 @@ A row becomes tokens in one of two ways, and says which (`TokenSequence.source`)
    including its end-of-turn token; the newline a template puts after it, and every turn before the run's
    user turn (few-shot examples, history), get 0.
 
-Ids are compared by tokenizer fingerprint (`fingerprint(tokenizer)`): captured ids of another tokenizer are
+Ids are compared by tokenizer fingerprint (`flowrl.trace.tokenizer.fingerprint`): captured ids of another tokenizer are
 not used, and the row is rendered with the template instead, counted under "captured ids of another
 tokenizer".
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import orjson
 
 from flowrl.errors import ConfigError
 from flowrl.trace.schema import ExecutionTrace, LLMCall
+from flowrl.trace.tokenizer import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -76,33 +76,6 @@ class TokenSequence:
         return cls(
             list(data["input_ids"]), list(data["loss_mask"]), str(data.get("source") or CAPTURED), data.get("logprobs")
         )
-
-
-# ------------------------------------------------------------------------------------------------
-# tokenizer identity
-
-
-def fingerprint(tokenizer: Any) -> str:
-    """`name@hash` of the tokenizer's vocabulary: equal fingerprints mean the same ids for the same text."""
-    cached = getattr(tokenizer, "_flowrl_fingerprint", None)
-    if cached:
-        return cached
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    digest = hashlib.sha256(orjson.dumps(vocab)).hexdigest()[:16]
-    name = str(getattr(tokenizer, "name_or_path", "") or "tokenizer").rstrip("/").rsplit("/", 1)[-1]
-    value = f"{name}@{digest}"
-    try:
-        tokenizer._flowrl_fingerprint = value
-    except AttributeError:  # pragma: no cover - slotted tokenizers
-        pass
-    return value
-
-
-def same_tokenizer(a: str | None, b: str | None) -> bool:
-    """Fingerprints agree on the vocabulary hash (names may differ: a copied folder is the same tokenizer)."""
-    if not a or not b:
-        return False
-    return a.rsplit("@", 1)[-1] == b.rsplit("@", 1)[-1]
 
 
 # ------------------------------------------------------------------------------------------------

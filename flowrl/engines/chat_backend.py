@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
-from flowrl.data.tokens import fingerprint
 from flowrl.errors import ConfigError, require
+from flowrl.trace.tokenizer import fingerprint
 
 
 @dataclass
