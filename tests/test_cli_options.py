@@ -1,8 +1,10 @@
-"""`flowrl train`'s options are generated from `TrainingConfig` (issue 35: the command re-declared 33 of its fields
+"""`flowrl train`'s options are generated from `TrainingConfig`, `flowrl improve`'s from `ImproveConfig` and
+`flowrl build-dataset`'s from `BuildOptions` (issue 35: `train` re-declared 33 of its fields
 by hand, as 40 parameters, and renamed them one by one)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 
 from flowrl.cli.options import cli_fields, config_options
 from flowrl.cli.train import train
+from flowrl.flags import option
 from flowrl.train.config import TrainingConfig
 
 
@@ -57,6 +60,34 @@ def test_a_field_given_twice_is_refused() -> None:
 
         @config_options(Toy)
         def run(steps: int = typer.Option(1, "--steps"), **fields: Any) -> None: ...
+
+
+@dataclasses.dataclass
+class ToyDataclass:
+    name: str = option(..., "--name -n", "Name.")
+    steps: int = option(2, "--steps", "Steps.", min=1)
+    limit: float | None = option(None, "--limit", "Limit.")
+    fast: bool = option(True, "--fast/--slow", "Fast.")
+    hidden: int = 3
+
+
+def test_a_dataclass_gives_its_defaults_and_checks_to_the_options() -> None:
+    seen: dict[str, Any] = {}
+
+    @config_options(ToyDataclass)
+    def run(**fields: Any) -> None:
+        seen.update(fields)
+
+    app = typer.Typer()
+    app.command()(run)
+    done = CliRunner().invoke(app, ["-n", "a"])
+    assert done.exit_code == 0, done.output
+    assert seen == {"name": "a", "steps": 2, "limit": None, "fast": True}  # the fields' defaults
+    assert ToyDataclass(**seen) == ToyDataclass(name="a")
+    assert CliRunner().invoke(app, ["--steps", "3"]).exit_code == 2  # --name is required
+    refused = CliRunner().invoke(app, ["-n", "a", "--steps", "0"])
+    assert refused.exit_code == 2 and "--steps" in refused.output  # typer applies the field's min=1
+    assert "--hidden" not in CliRunner().invoke(app, ["--help"]).output
 
 
 SNAPSHOT = Path(__file__).parent / "fixtures" / "cli_options.json"
