@@ -2,136 +2,36 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flowrl.cli.common import StoreOption, console, err_console, open_store, report_problems
-from flowrl.cli.traces import _date
-from flowrl.errors import ConfigError
+from flowrl.cli.dataset_options import BuildOptions
+from flowrl.cli.options import config_options
 
 if TYPE_CHECKING:
     from flowrl.data import DatasetFilter
-    from flowrl.data.grouping import GroupBy
     from flowrl.store.files import TraceStore
 
-METHOD_HELP = "kto, grpo (online prompts), grpo-offline (logged groups), sft or dpo."
 
-
-def build_dataset(  # noqa: PLR0913  # a typer command: one parameter per option
-    method: str = typer.Option(..., "--method", "-m", help=METHOD_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Output folder (created; must be empty unless --overwrite)."),
+@config_options(BuildOptions)
+def build_dataset(
     store: Path | None = StoreOption,
-    since: str | None = typer.Option(None, help="First day, YYYY-MM-DD."),
-    until: str | None = typer.Option(None, help="Last day, YYYY-MM-DD."),
-    agent: str | None = typer.Option(None, help="Only this agent."),
-    source: str | None = typer.Option(None, help="Only this source: live, checkpoint, obs, live-file or import."),
-    min_reward: float | None = typer.Option(None, help="Only traces with reward_score >= this."),
-    max_reward: float | None = typer.Option(None, help="Only traces with reward_score <= this."),
-    label_source: str | None = typer.Option(None, help="Only traces labelled this way: manual or engine."),
-    dedupe: bool = typer.Option(
-        True, "--dedupe/--no-dedupe", help="Drop traces whose conversation repeats an earlier one."
-    ),
-    group_by: str = typer.Option("query", help="What makes two traces the same task: query, group_key or embedding."),
-    similarity: float = typer.Option(0.9, help="Cosine similarity for --group-by embedding."),
-    embedding_model: str | None = typer.Option(
-        None, help="Local sentence-transformers folder for --group-by embedding."
-    ),
-    val_fraction: float = typer.Option(0.1, help="Share of tasks (groups) held out for validation; 0 for none."),
-    seed: int = typer.Option(0, help="Seed of the split and of KTO's shuffle."),
-    max_chars: int = typer.Option(
-        32000, help="Length budget of a row in characters (0: none); truncations are counted."
-    ),
-    base_model: str | None = typer.Option(
-        None,
-        "--base-model",
-        "-b",
-        help="Measure rows in this model's tokens and drop (and list) those over --max-length.",
-    ),
-    max_length: int = typer.Option(
-        1024,
-        "--max-length",
-        help="Token budget per sequence with --base-model (default: the CPU training profile's 1024).",
-    ),
-    arguments: str = typer.Option("dict", help="Tool-call arguments as dict (HF templates) or string (OpenAI)."),
     parquet: bool = typer.Option(False, "--parquet", help="Also write data/{split}.parquet."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a dataset already in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    workers: int = typer.Option(
-        1, help="KTO from a segment store: make the rows in this many more processes (others say so and use one)."
-    ),
-    kto_rows: str | None = typer.Option(None, help="KTO: one row per assistant 'step' (default) or per 'final' turn."),
-    threshold: float | None = typer.Option(None, help="KTO: label = reward_score >= this (manual labels still win)."),
-    min_group_size: int | None = typer.Option(None, help="grpo-offline: smallest group kept (default 2)."),
-    max_group_size: int | None = typer.Option(None, help="grpo-offline: largest group (default 16; 0: no cap)."),
-    select: str | None = typer.Option(
-        None, help="SFT: top (top share by reward, default), label (label true) or best (per task)."
-    ),
-    top_share: float | None = typer.Option(None, help="SFT --select top: share of traces kept (default 0.25)."),
-    min_margin: float | None = typer.Option(
-        None, help="DPO: smallest reward margin between chosen and rejected (default 0.1)."
-    ),
+    **fields: Any,
 ) -> None:
     """Build a dataset for TRL from the trace store: a DatasetDict on disk, JSONL, a card and a summary."""
-    from flowrl.data import DatasetError, DatasetFilter, DatasetPipeline  # lazy: keeps `flowrl --help` fast
-    from flowrl.methods import make_builder  # lazy: keeps `flowrl --help` fast
+    from flowrl.data import DatasetError  # lazy: keeps `flowrl --help` fast
 
-    options = {
-        "rows": kto_rows,
-        "threshold": threshold,
-        "min_group_size": min_group_size,
-        "max_group_size": max_group_size,
-        "select": select,
-        "top_share": top_share,
-        "min_margin": min_margin,
-    }
-    flags = {
-        "rows": "--kto-rows",
-        "threshold": "--threshold",
-        "min_group_size": "--min-group-size",
-        "max_group_size": "--max-group-size",
-        "select": "--select",
-        "top_share": "--top-share",
-        "min_margin": "--min-margin",
-    }
-    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
-    if given.get("max_group_size") == 0:
-        given["max_group_size"] = None
-    builder = make_builder(method, max_chars=max_chars or None, arguments_as=arguments)
-    fields = {f.name for f in dataclasses.fields(builder)}
-    wrong = [flags[k] for k in given if k not in fields]
-    if wrong:
-        raise ConfigError(f"{', '.join(wrong)} does not apply to --method {method}")
-    if given:
-        builder = dataclasses.replace(builder, **given)
-    filters = DatasetFilter(
-        since=_date(since, "since"),
-        until=_date(until, "until"),
-        agent=agent,
-        source=source,
-        min_reward=min_reward,
-        max_reward=max_reward,
-        label_source=label_source,
-        dedupe=dedupe,
-    )
-    budget = None
-    if base_model is not None:
-        from flowrl.train.inspect import token_budget  # lazy: keeps `flowrl --help` fast
-
-        budget = token_budget(builder.method, base_model, max_length)
-    pipeline = DatasetPipeline(
-        builder,
-        filters=filters,
-        group_by=cast("GroupBy", group_by),  # checked by the pipeline, which names the allowed values
-        similarity=similarity,
-        embedding_model=embedding_model,
-        val_fraction=val_fraction,
-        seed=seed,
-        budget=budget,
-        workers=workers,
-    )
+    options = BuildOptions(**fields)
+    builder = options.builder()
+    filters = options.filters()
+    pipeline = options.pipeline(builder, filters)
+    out = options.out
     st = open_store(store)
     try:
         if quiet:

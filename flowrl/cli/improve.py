@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import typer
 
 from flowrl.cli.common import example_agent
-
-METHOD_HELP = (
-    "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade."
-)
+from flowrl.cli.options import config_options
+from flowrl.improve.config import ImproveConfig
 
 
 def _progress_ui():
@@ -44,7 +42,8 @@ def _progress_ui():
     return progress, on_progress, on_stage
 
 
-def improve_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
+@config_options(ImproveConfig)
+def improve_cmd(
     out: Path = typer.Option(Path("improve-out"), "--out", "-o", help="Folder for every round (resumable)."),
     agent: str | None = typer.Option(
         None,
@@ -66,73 +65,26 @@ def improve_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
         "--grade",
         help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number.",
     ),
-    rounds: int = typer.Option(1, "--rounds", "-r", min=1, help="Rounds of collect, score, select, train, eval."),
     train_tasks: int | None = typer.Option(
         None, "--train-tasks", min=1, help="Train tasks each round (default: 200; with --tasks, the rest)."
     ),
     eval_tasks: int | None = typer.Option(
         None, "--eval-tasks", min=1, help="Held-out tasks (default: 150; with --tasks, a third of them)."
     ),
-    samples: int = typer.Option(4, "--samples", "-k", min=1, help="Runs per train task per round."),
-    method: str = typer.Option("sft", "--method", "-m", help=METHOD_HELP),
-    base_model: str = typer.Option("smollm2-135m", "--base-model", "-b", help="Model behind the agent."),
-    control: str | None = typer.Option(
-        None, "--control", help="unfiltered: also train on as many runs drawn at random (right or wrong)."
-    ),
-    temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature while collecting."),
-    eval_temperature: float = typer.Option(0.0, "--eval-temperature", help="Temperature in eval (0: greedy)."),
-    epochs: float = typer.Option(2.0, "--epochs", help="Training epochs over the round's set."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Training steps per round (instead of epochs)."),
-    learning_rate: float | None = typer.Option(
-        None, "--learning-rate", help="LoRA learning rate (default: the method's)."
-    ),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Agent runs at a time."),
-    slots: int = typer.Option(8, "--slots", min=1, help="Sequences the engine decodes together."),
-    reply_tokens: int = typer.Option(
-        512, "--reply-tokens", help="The most new tokens a policy's reply holds, whatever the agent asks for."
-    ),
-    context: int = typer.Option(
-        4096,
-        "--context",
-        help="Tokens of context per served sequence, and so the most a training row holds (a FlowAgent needs 8192).",
-    ),
-    engine: str = typer.Option(
-        "auto",
-        "--engine",
-        help="The policy server's engine: llama-server, transformers, or auto (llama-server when built).",
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the task split, sampling and training."),
+    **fields: Any,
 ) -> None:
     """Make an agent better, round by round, and prove it on held-out tasks (eval.json per round). Every agent
     runs on the round's policy, served as an OpenAI-compatible endpoint."""
     import contextlib
 
-    from flowrl.improve.loop import ImproveConfig, improve  # lazy: keeps `flowrl --help` fast
+    from flowrl.improve.loop import improve  # lazy: keeps `flowrl --help` fast
 
     progress, on_progress, on_stage = _progress_ui()
     with contextlib.ExitStack() as stack:
         make_agent, train, held_out, grader = _agent_and_tasks(
-            stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, seed
+            stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, fields["seed"]
         )
-        cfg = ImproveConfig(
-            out=out,
-            rounds=rounds,
-            samples=samples,
-            method=cast(Any, method),  # ImproveConfig checks it and names the allowed values
-            base_model=base_model,
-            control=cast(Any, control),
-            temperature=temperature,
-            eval_temperature=eval_temperature,
-            concurrency=concurrency,
-            epochs=epochs,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            seed=seed,
-            engine=engine,
-            slots=slots,
-            context=context,
-            reply_tokens=reply_tokens,
-        )
+        cfg = ImproveConfig(out=out, **fields)  # it checks the values and names the allowed ones
         stack.enter_context(progress)
         results = improve(make_agent, train, held_out, grader, cfg, on_stage=on_stage, on_progress=on_progress)
     last = results[-1]

@@ -8,8 +8,8 @@ from flowrl._lazy import lazy_exports
 _LAZY: dict[str, str] = {
     "improve": "flowrl.improve.loop",
     "Improve": "flowrl.improve.loop",
-    "ImproveConfig": "flowrl.improve.loop",
-    "ImproveError": "flowrl.improve.loop",
+    "ImproveConfig": "flowrl.improve.config",
+    "ImproveError": "flowrl.improve.config",
     "Policy": "flowrl.engines.policy",
     "RoundResult": "flowrl.improve.loop",
 }

@@ -33,15 +33,15 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from flowrl.data import DatasetPipeline
 from flowrl.engines.policy import Policy
-from flowrl.errors import FlowRLError
 from flowrl.evaluate.agent import run_tasks
 from flowrl.evaluate.results import format_table, summarize, write_eval_json
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
+from flowrl.improve.config import ImproveConfig, ImproveError
 from flowrl.methods import make_builder
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import score_store
@@ -53,53 +53,6 @@ log = logging.getLogger(__name__)
 
 Stage = Callable[[str, str], None]  # (stage, summary)
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-class ImproveError(FlowRLError):
-    """The loop cannot go on as configured."""
-
-
-@dataclass
-class ImproveConfig:
-    out: Path
-    rounds: int = 1
-    samples: int = 4
-    method: Literal["sft", "kto"] = "sft"
-    base_model: str = "smollm2-135m"
-    control: Literal["unfiltered"] | None = None
-    temperature: float = 0.8
-    eval_temperature: float = 0.0
-    concurrency: int = 8
-    epochs: float = 2.0
-    max_steps: int | None = None
-    learning_rate: float | None = None
-    seed: int = 0
-    engine: str = "auto"  # the policy server's: auto, llama-server, transformers (flowrl.serve.policies)
-    slots: int = 8  # sequences the engine decodes together
-    # tokens of context a served sequence has, and so the most a training row can hold: an agent trains on what it
-    # was served (a FlowAgent's prompt with its tools is about 2,500 tokens, its run summary more)
-    context: int = 4096
-    # the most new tokens a reply of the policy holds, whatever the agent asks (a FlowAgent asks for 16,384)
-    reply_tokens: int = 512
-    # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
-    hook_options: dict[str, Any] = field(default_factory=dict)
-    # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
-    train_options: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.out = Path(self.out)
-        if self.rounds < 1 or self.samples < 1:
-            raise ImproveError(f"rounds {self.rounds} and samples {self.samples}: use at least 1 of each")
-        if self.method not in ("sft", "kto"):
-            raise ImproveError(f"--method {self.method}: use sft or kto")
-        if self.control not in (None, "unfiltered"):
-            raise ImproveError(f"--control {self.control}: use unfiltered")
-        if self.temperature <= 0:
-            raise ImproveError("collecting needs sampling: use a --temperature above 0")
-        if self.reply_tokens < 1 or self.reply_tokens >= self.context:
-            raise ImproveError(f"--reply-tokens {self.reply_tokens}: use 1 to fewer than --context {self.context}")
-        if self.context < 256:
-            raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
 
 
 AgentFactory = Callable[[Policy], Any]

@@ -17,17 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flowrl.errors import ConfigError
+from flowrl.flags import flag
 from flowrl.methods import METHODS, canonical_method, get_method
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DEFAULT_BASE_MODEL = "smollm2-135m"
 # a small model sampled at 1.0 rambles past its turn (SmolLM2: 3 of 4 replies cut at 64 tokens); flowrl improve uses 0.7
 AGENT_TEMPERATURE = 0.7
-
-
-def flag(default: Any, flag: str, help: str, **checks: Any) -> Any:
-    """A field that is also an option of `flowrl train` (flowrl.cli.options): its flag, its help, its checks."""
-    return Field(default, description=help, json_schema_extra={"flag": flag}, **checks)
 
 
 class _Strict(BaseModel):

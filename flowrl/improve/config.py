@@ -1,0 +1,77 @@
+"""`ImproveConfig`: what one `flowrl improve` run does. Each field with a flag is also an option of the command
+(`flowrl.flags.option`, made into typer options by `flowrl.cli.options`), so it is declared here once.
+
+Light on purpose: the CLI imports it while `flowrl --help` runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from flowrl.errors import FlowRLError
+from flowrl.flags import option
+
+METHOD_HELP = (
+    "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade."
+)
+
+
+class ImproveError(FlowRLError):
+    """The loop cannot go on as configured."""
+
+
+@dataclass
+class ImproveConfig:
+    out: Path
+    rounds: int = option(1, "--rounds -r", "Rounds of collect, score, select, train, eval.", min=1)
+    samples: int = option(4, "--samples -k", "Runs per train task per round.", min=1)
+    method: Literal["sft", "kto"] = option("sft", "--method -m", METHOD_HELP)
+    base_model: str = option("smollm2-135m", "--base-model -b", "Model behind the agent.")
+    control: Literal["unfiltered"] | None = option(
+        None, "--control", "unfiltered: also train on as many runs drawn at random (right or wrong)."
+    )
+    temperature: float = option(0.8, "--temperature", "Sampling temperature while collecting.")
+    eval_temperature: float = option(0.0, "--eval-temperature", "Temperature in eval (0: greedy).")
+    concurrency: int = option(8, "--concurrency", "Agent runs at a time.", min=1)
+    epochs: float = option(2.0, "--epochs", "Training epochs over the round's set.")
+    max_steps: int | None = option(None, "--max-steps", "Training steps per round (instead of epochs).")
+    learning_rate: float | None = option(None, "--learning-rate", "LoRA learning rate (default: the method's).")
+    seed: int = option(0, "--seed", "Seed of the task split, sampling and training.")
+    # the policy server's: auto, llama-server, transformers (flowrl.serve.policies)
+    engine: str = option(
+        "auto",
+        "--engine",
+        "The policy server's engine: llama-server, transformers, or auto (llama-server when built).",
+    )
+    slots: int = option(8, "--slots", "Sequences the engine decodes together.", min=1)
+    # tokens of context a served sequence has, and so the most a training row can hold: an agent trains on what it
+    # was served (a FlowAgent's prompt with its tools is about 2,500 tokens, its run summary more)
+    context: int = option(
+        4096,
+        "--context",
+        "Tokens of context per served sequence, and so the most a training row holds (a FlowAgent needs 8192).",
+    )
+    # the most new tokens a reply of the policy holds, whatever the agent asks (a FlowAgent asks for 16,384)
+    reply_tokens: int = option(
+        512, "--reply-tokens", "The most new tokens a policy's reply holds, whatever the agent asks for."
+    )
+    # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
+    hook_options: dict[str, Any] = field(default_factory=dict)
+    # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
+    train_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.rounds < 1 or self.samples < 1:
+            raise ImproveError(f"rounds {self.rounds} and samples {self.samples}: use at least 1 of each")
+        if self.method not in ("sft", "kto"):
+            raise ImproveError(f"--method {self.method}: use sft or kto")
+        if self.control not in (None, "unfiltered"):
+            raise ImproveError(f"--control {self.control}: use unfiltered")
+        if self.temperature <= 0:
+            raise ImproveError("collecting needs sampling: use a --temperature above 0")
+        if self.reply_tokens < 1 or self.reply_tokens >= self.context:
+            raise ImproveError(f"--reply-tokens {self.reply_tokens}: use 1 to fewer than --context {self.context}")
+        if self.context < 256:
+            raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
