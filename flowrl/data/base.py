@@ -19,6 +19,7 @@ from flowrl.errors import ConfigError
 from flowrl.store.files import TraceFilter
 from flowrl.trace.conversation import ArgumentsAs, Conversation
 from flowrl.trace.facts import is_manual_label, label_at
+from flowrl.trace.row import DecisionRow
 from flowrl.trace.schema import ExecutionTrace
 
 HIST_BINS = 10
@@ -139,6 +140,9 @@ class DatasetBuilder:
     method: ClassVar[str] = ""
     grouped: ClassVar[bool] = False
     shuffle_train: ClassVar[bool] = False
+    # rows made from a segment's precomputed chat columns (`column_row`, `column_plan`, `column_table`), not from
+    # parsed traces: a columnar build (`flowrl.data.columnar`)
+    columnar: ClassVar[bool] = False
     max_chars: int | None = 32_000
     arguments_as: ArgumentsAs = "dict"
 
@@ -160,6 +164,24 @@ class DatasetBuilder:
     # -- streaming builders -------------------------------------------------------------------
     def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
         raise NotImplementedError  # pragma: no cover
+
+    # -- columnar builders (`columnar = True`) --------------------------------------------------
+    def column_row(self, run: Any, index: int, row: DecisionRow, group_id: str, split: str, stats: BuildStats) -> None:
+        """Add the trace decided from its columns (`row`, row `index` of its segment) to `run`, the pending traces
+        of its segment, as `trace_rows` would make its rows."""
+        raise NotImplementedError  # pragma: no cover
+
+    def column_plan(self, run: Any) -> Any:
+        """The rows of `run` (a segment's pending traces), before their text (`flowrl.data.columnar_kto.Plan`)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def column_table(self, table: Any, plan: Any, schema: Any) -> Any:
+        """The planned rows as an Arrow table in `schema`, from the segment's `table`."""
+        raise NotImplementedError  # pragma: no cover
+
+    def weights(self, stats: BuildStats) -> dict[str, float]:
+        """What the metadata file records besides the rows (KTO's class weights); none by default."""
+        return {}
 
     # -- grouped builders ---------------------------------------------------------------------
     def info(self, trace: ExecutionTrace, ref: Any, group_id: str) -> TraceInfo | None:
