@@ -48,6 +48,15 @@ def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tu
     return label_at(trace, threshold)
 
 
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The pipeline's decision for a trace it keeps: its raw task key (`Grouper.raw_key_of`) and its label
+    without a threshold (`effective_label`)."""
+
+    raw_key: str
+    label: tuple[bool | None, str]
+
+
 @dataclass(slots=True)
 class TraceInfo:
     """What a grouped builder knows about a trace before loading it again."""
@@ -166,9 +175,18 @@ class DatasetBuilder:
         raise NotImplementedError  # pragma: no cover
 
     # -- columnar builders (`columnar = True`) --------------------------------------------------
-    def column_row(self, run: Any, index: int, row: DecisionRow, group_id: str, split: str, stats: BuildStats) -> None:
-        """Add the trace decided from its columns (`row`, row `index` of its segment) to `run`, the pending traces
-        of its segment, as `trace_rows` would make its rows."""
+    def column_rows(
+        self,
+        run: Any,
+        index: list[int],
+        rows: list[DecisionRow],
+        kept: list[Kept | None],
+        task: Callable[[str], tuple[str, str]],
+        stats: BuildStats,
+    ) -> None:
+        """Add the traces of a segment decided from their columns (`rows`, at `index` in its table; `kept`: the
+        pipeline's decision for each, None for a skipped one) to `run`, the segment's pending traces, as
+        `trace_rows` would make their rows. `task(raw_key)`: a trace's group id and split."""
         raise NotImplementedError  # pragma: no cover
 
     def column_plan(self, run: Any) -> Any:

@@ -15,11 +15,11 @@ inside the range of the KTO paper's Eq. 8 (which KTOTrainer checks):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from flowrl.data.base import BuildStats, DatasetBuilder, RowContext, effective_label
+from flowrl.data.base import BuildStats, DatasetBuilder, Kept, RowContext, effective_label
 from flowrl.data.columnar_kto import Pending, Plan, materialize, plan
 from flowrl.data.split import TRAIN
 from flowrl.data.tokens import aligned_calls
@@ -98,15 +98,25 @@ class KTODatasetBuilder(DatasetBuilder):
         stats.label_sources[source] += 1
         return label, source
 
-    def column_row(
-        self, run: Pending, index: int, row: DecisionRow, group_id: str, split: str, stats: BuildStats
+    def column_rows(
+        self,
+        run: Pending,
+        index: list[int],
+        rows: list[DecisionRow],
+        kept: list[Kept | None],
+        task: Callable[[str], tuple[str, str]],
+        stats: BuildStats,
     ) -> None:
-        """`trace_rows` for a trace decided from its columns: its label (counted), and its rows to make with the
-        rest of its segment's (`column_plan`, `column_table`)."""
-        labelled = self.counted_label(row.label_at(self.threshold), stats)
-        if labelled is not None:
-            first = self.first_row(row.steps)
-            run.add(index, first, *labelled, split, group_id, row.trace_id, row.reward_score)
+        """`trace_rows` for traces decided from their columns: each one's label (counted), and its rows to make
+        with the rest of its segment's (`column_plan`, `column_table`)."""
+        threshold, counted, first_row, add = self.threshold, self.counted_label, self.first_row, run.add
+        for at, row, decision in zip(index, rows, kept, strict=True):
+            if decision is None:
+                continue
+            group_id, split = task(decision.raw_key)
+            labelled = counted(decision.label if threshold is None else row.label_at(threshold), stats)
+            if labelled is not None:
+                add(at, first_row(row.steps), *labelled, split, group_id, row.trace_id, row.reward_score)
 
     def column_plan(self, run: Pending) -> Plan:
         return plan(run.batch.table, run, self.max_chars)

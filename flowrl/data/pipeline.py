@@ -27,7 +27,7 @@ from typing import Any, cast
 import orjson
 
 from flowrl.data import columnar
-from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo
+from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, Kept, RowContext, TraceInfo
 from flowrl.data.card import render_card
 from flowrl.data.columnar_kto import Pending
 from flowrl.data.dedupe import SeenKeys
@@ -309,18 +309,18 @@ class DatasetPipeline:
             if isinstance(item, columnar.Decided):  # rows decided from their columns (a columnar builder's)
                 if run.batch is not item.batch:
                     run = self._add_run(sink, run, item.batch)
-                for index, row, raw_key in zip(item.rows, item.facts, self._decide(item.facts, seen), strict=True):
-                    if raw_key is not None:
-                        self.builder.column_row(run, index, row, *self._task(raw_key), self.stats)
+                self.builder.column_rows(
+                    run, item.rows, item.facts, self._decide(item.facts, seen), self._task, self.stats
+                )
                 done += len(item)
             else:
                 ref, trace = item
                 done += 1
                 if ref is not None:
                     conv = trace_conversation(trace, self.builder.arguments_as)
-                    (raw_key,) = self._decide([decision_row(trace, conv)], seen)
-                    if raw_key is not None:
-                        run = self._trace(sink, run, infos, ref, trace, conv, raw_key)
+                    (kept,) = self._decide([decision_row(trace, conv)], seen)
+                    if kept is not None:
+                        run = self._trace(sink, run, infos, ref, trace, conv, kept.raw_key)
             if on_progress and (done - told >= 500 or done == total):
                 on_progress("read", done, total)
                 told = done
@@ -356,11 +356,10 @@ class DatasetPipeline:
         self.stats.traces_used += used
         return run
 
-    def _decide(self, rows: list[DecisionRow], seen: SeenKeys) -> list[str | None]:
+    def _decide(self, rows: list[DecisionRow], seen: SeenKeys) -> list[Kept | None]:
         """The one decision of a build, for each trace of `rows` in order (a trace read whole, or a stretch of a
-        segment's rows read from their columns): its raw task key (`Grouper.raw_key_of`), or None when it is
-        skipped (counted: no user turn, no assistant turn, duplicate); a kept trace's reward, label and chat
-        counted."""
+        segment's rows read from their columns): `Kept` (its raw task key and label), or None when it is skipped
+        (counted: no user turn, no assistant turn, duplicate); a kept trace's reward, label and chat counted."""
         stats, skip, raw_key = self.stats, self.stats.skip, self.grouper.raw_key_of
         duplicate = [False] * len(rows)
         if self.filters.dedupe:  # the keys of the rows that reach the dedupe step, at once
@@ -369,7 +368,7 @@ class DatasetPipeline:
             new = [seen.add(key) for key in keys] if len(keys) == 1 else seen.first(keys).tolist()
             for i, fresh in zip(reach, new, strict=True):
                 duplicate[i] = not fresh
-        out: list[str | None] = []
+        out: list[Kept | None] = []
         for row, dup in zip(rows, duplicate, strict=True):
             stats.traces_read += 1
             out.append(None)
@@ -381,10 +380,11 @@ class DatasetPipeline:
                 skip("duplicate")
             else:
                 stats.add_reward(row.reward_score)
-                stats.trace_labels[str(row.label_at()[0]).lower()] += 1
+                label = row.label_at()
+                stats.trace_labels[str(label[0]).lower()] += 1
                 stats.synthesized += row.synthesized
                 stats.without_tool_calls += not row.tool_calls
-                out[-1] = raw_key(row.group_key, row.query_key)
+                out[-1] = Kept(raw_key(row.group_key, row.query_key), label)
         return out
 
     def _task(self, raw_key: str) -> tuple[str, str]:
