@@ -6,6 +6,11 @@ builder (KTO) turns each trace into rows right away; a grouped builder (GRPO, SF
 to a spool file per split, so memory stays bounded by the number of traces times a few dozen bytes,
 not by their size. Embedding grouping adds a first pass that reads only the user turns.
 
+Every trace is decided once, by one path (`DatasetPipeline._decide` over its `flowrl.trace.row.DecisionRow`: the
+skip reasons, dedupe, counts and task key): the row is computed from the trace when it is read whole, and read from
+a segment's columns (`flowrl.data.columnar`) for a builder that makes its rows from them (`DatasetBuilder.columnar`:
+KTO's `column_rows`), so neither parses a trace.
+
 Output folder (`build`):
 - `dataset_dict.json`, `train/`, `validation/`: a `datasets.DatasetDict` (`datasets.load_from_disk(out)`);
   a split with no rows is left out;
