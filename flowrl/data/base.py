@@ -19,6 +19,7 @@ from flowrl.errors import ConfigError
 from flowrl.store.files import TraceFilter
 from flowrl.trace.conversation import ArgumentsAs, Conversation
 from flowrl.trace.facts import is_manual_label, label_at
+from flowrl.trace.row import DecisionRow
 from flowrl.trace.schema import ExecutionTrace
 
 HIST_BINS = 10
@@ -45,6 +46,15 @@ def effective_label(trace: ExecutionTrace, threshold: float | None = None) -> tu
     then the reward score at `threshold` when one is given; then the engine's stored label; then the reward
     score at the engine's default threshold (0.6); a run whose correctness reward is 0 is never good."""
     return label_at(trace, threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The pipeline's decision for a trace it keeps: its raw task key (`Grouper.raw_key_of`) and its label
+    without a threshold (`effective_label`)."""
+
+    raw_key: str
+    label: tuple[bool | None, str]
 
 
 @dataclass(slots=True)
@@ -139,6 +149,9 @@ class DatasetBuilder:
     method: ClassVar[str] = ""
     grouped: ClassVar[bool] = False
     shuffle_train: ClassVar[bool] = False
+    # rows made from a segment's precomputed chat columns (`column_row`, `column_plan`, `column_table`), not from
+    # parsed traces: a columnar build (`flowrl.data.columnar`)
+    columnar: ClassVar[bool] = False
     max_chars: int | None = 32_000
     arguments_as: ArgumentsAs = "dict"
 
@@ -160,6 +173,33 @@ class DatasetBuilder:
     # -- streaming builders -------------------------------------------------------------------
     def trace_rows(self, trace: ExecutionTrace, conv: Conversation, ctx: RowContext) -> Iterator[dict[str, Any]]:
         raise NotImplementedError  # pragma: no cover
+
+    # -- columnar builders (`columnar = True`) --------------------------------------------------
+    def column_rows(
+        self,
+        run: Any,
+        index: list[int],
+        rows: list[DecisionRow],
+        kept: list[Kept | None],
+        task: Callable[[str], tuple[str, str]],
+        stats: BuildStats,
+    ) -> None:
+        """Add the traces of a segment decided from their columns (`rows`, at `index` in its table; `kept`: the
+        pipeline's decision for each, None for a skipped one) to `run`, the segment's pending traces, as
+        `trace_rows` would make their rows. `task(raw_key)`: a trace's group id and split."""
+        raise NotImplementedError  # pragma: no cover
+
+    def column_plan(self, run: Any) -> Any:
+        """The rows of `run` (a segment's pending traces), before their text (`flowrl.data.columnar_kto.Plan`)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def column_table(self, table: Any, plan: Any, schema: Any) -> Any:
+        """The planned rows as an Arrow table in `schema`, from the segment's `table`."""
+        raise NotImplementedError  # pragma: no cover
+
+    def weights(self, stats: BuildStats) -> dict[str, float]:
+        """What the metadata file records besides the rows (KTO's class weights); none by default."""
+        return {}
 
     # -- grouped builders ---------------------------------------------------------------------
     def info(self, trace: ExecutionTrace, ref: Any, group_id: str) -> TraceInfo | None:

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from flowrl.store.segments.derived import ROW_COLUMNS, decision_rows
 from flowrl.store.segments.plain import COLUMNS, FIELDS, float_rewards, is_plain
 
 if TYPE_CHECKING:
     from flowrl.store.segments.columns import ColumnRows
+    from flowrl.trace.row import DecisionRow
 
 # the scalar columns a build reads of each trace; the rows are made from conv_messages, conv_chars, conv_tools
 SCALARS = [
@@ -55,7 +57,7 @@ def reason_not(builder: Any, store: Any, pipeline: Any) -> str | None:
         return "the store keeps one JSON file per trace"
     if builder.grouped:
         return f"{pipeline.method} groups runs before building rows"
-    if not hasattr(builder, "trace_label"):
+    if not builder.columnar:
         return f"{pipeline.method} rows are made trace by trace (only KTO's are made from columns)"
     if builder.arguments_as != "dict":
         return "tool-call arguments as strings"
@@ -86,9 +88,9 @@ class RowView:
     llm_calls: tuple[()] = ()
 
 
-# what the pipeline reads of a row decided from its columns alone (`Decided`): the filters' columns were applied by
-# the listing, and `conv_steps` is read as its length
-DECIDED = [c for c in SCALARS if c not in ("agent_name", "session_id", "source", "conv_steps", "llm_calls")]
+# what the pipeline reads of a row decided from its columns alone (`Decided`), as a `DecisionRow`: the filters'
+# columns were applied by the listing, and `conv_steps` is read as its length
+DECIDED = list(ROW_COLUMNS)
 # what a row with side records is read as: a `Decided` row's columns, and a `RowView`'s
 VIEWED = [*DECIDED, "agent_name", "session_id", "source"]
 # the columns of a `Decided` row that its label and reward patches replace
@@ -100,11 +102,11 @@ class Decided:
     """Consecutive rows of a segment that need nothing but their columns: a derived chat, no LLM calls, no side
     record but label and reward patches (merged into the columns, and matched against the filters). The listing's
     column pushdown (`flowrl.store.segments.pushdown`) let only rows through that the filters match, so the pipeline
-    decides them without a `RowView` or a `SegmentRow` each (`DatasetPipeline._decide`)."""
+    decides them from their `DecisionRow`s (`DatasetPipeline._decide`), without a `RowView` or a `SegmentRow`."""
 
     batch: ColumnRows
     rows: list[int]  # the rows in the segment's table
-    cols: dict[str, list[Any]]  # DECIDED, and `steps`: the number of assistant steps
+    facts: list[DecisionRow]  # each row's, from its columns (`flowrl.store.segments.derived.decision_rows`)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -155,9 +157,9 @@ def _decided(batch: ColumnRows, table: Any, start: int, end: int, cols: dict[str
         decided = {name: part.column(name).to_pylist() for name in DECIDED}
     else:
         decided = {name: cols[name][start:end] for name in DECIDED}
-    decided["steps"] = pc.list_value_length(part.column("conv_steps")).to_pylist()
+    steps = pc.list_value_length(part.column("conv_steps")).to_pylist()
     index = batch.index or []
-    return Decided(batch, index[start:end], decided)
+    return Decided(batch, index[start:end], decision_rows(decided, steps))
 
 
 def _merge(store: Any, table: Any, cols: dict[str, list[Any]], rows: list[int], flt: Any) -> dict[int, RowView | None]:

@@ -14,14 +14,18 @@ inside the range of the KTO paper's Eq. 8 (which KTOTrainer checks):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from flowrl.data.base import BuildStats, DatasetBuilder, RowContext, effective_label
+from flowrl.data.base import BuildStats, DatasetBuilder, Kept, RowContext, effective_label
+from flowrl.data.columnar_kto import Pending, Plan, materialize, plan
+from flowrl.data.split import TRAIN
 from flowrl.data.tokens import aligned_calls
 from flowrl.errors import ConfigError
 from flowrl.trace.conversation import Conversation
+from flowrl.trace.row import DecisionRow
 from flowrl.trace.schema import ExecutionTrace
 
 # The target of (wD * nD) / (wU * nU): the geometric middle of the paper's [1, 4/3], so rounding to the
@@ -47,6 +51,7 @@ class KTODatasetBuilder(DatasetBuilder):
     # KTOTrainer reads rows in order (train_sampling_strategy="sequential") and estimates its KL term
     # from neighbours in a batch, so the train split is shuffled rather than left trace by trace.
     shuffle_train: ClassVar[bool] = True
+    columnar: ClassVar[bool] = True  # rows from a segment's chat columns too (`flowrl.data.columnar_kto`)
 
     rows: Literal["step", "final"] = "step"
     threshold: float | None = None
@@ -92,6 +97,38 @@ class KTODatasetBuilder(DatasetBuilder):
             return None
         stats.label_sources[source] += 1
         return label, source
+
+    def column_rows(
+        self,
+        run: Pending,
+        index: list[int],
+        rows: list[DecisionRow],
+        kept: list[Kept | None],
+        task: Callable[[str], tuple[str, str]],
+        stats: BuildStats,
+    ) -> None:
+        """`trace_rows` for traces decided from their columns: each one's label (counted), and its rows to make
+        with the rest of its segment's (`column_plan`, `column_table`)."""
+        threshold, counted, first_row, add = self.threshold, self.counted_label, self.first_row, run.add
+        for at, row, decision in zip(index, rows, kept, strict=True):
+            if decision is None:
+                continue
+            group_id, split = task(decision.raw_key)
+            labelled = counted(decision.label if threshold is None else row.label_at(threshold), stats)
+            if labelled is not None:
+                add(at, first_row(row.steps), *labelled, split, group_id, row.trace_id, row.reward_score)
+
+    def column_plan(self, run: Pending) -> Plan:
+        return plan(run.batch.table, run, self.max_chars)
+
+    def column_table(self, table: Any, made: Plan, schema: Any) -> Any:
+        return materialize(table, made, schema)
+
+    def weights(self, stats: BuildStats) -> dict[str, float]:
+        """`desirable_weight` and `undesirable_weight` from the train split's labels (`kto_weights`)."""
+        train = stats.labels.get(TRAIN) or Counter()
+        desirable, undesirable = kto_weights(train.get("true", 0), train.get("false", 0))
+        return {"desirable_weight": desirable, "undesirable_weight": undesirable}
 
     def first_row(self, steps: int) -> int:
         """The first of a run's `steps` assistant messages that gets a row."""

@@ -6,6 +6,11 @@ builder (KTO) turns each trace into rows right away; a grouped builder (GRPO, SF
 to a spool file per split, so memory stays bounded by the number of traces times a few dozen bytes,
 not by their size. Embedding grouping adds a first pass that reads only the user turns.
 
+Every trace is decided once, by one path (`DatasetPipeline._decide` over its `flowrl.trace.row.DecisionRow`: the
+skip reasons, dedupe, counts and task key): the row is computed from the trace when it is read whole, and read from
+a segment's columns (`flowrl.data.columnar`) for a builder that makes its rows from them (`DatasetBuilder.columnar`:
+KTO's `column_rows`), so neither parses a trace.
+
 Output folder (`build`):
 - `dataset_dict.json`, `train/`, `validation/`: a `datasets.DatasetDict` (`datasets.load_from_disk(out)`);
   a split with no rows is left out;
@@ -27,13 +32,12 @@ from typing import Any, cast
 import orjson
 
 from flowrl.data import columnar
-from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, RowContext, TraceInfo, effective_label
+from flowrl.data.base import BuildStats, DatasetBuilder, DatasetFilter, Kept, RowContext, TraceInfo
 from flowrl.data.card import render_card
-from flowrl.data.columnar_kto import Pending, materialize, plan
+from flowrl.data.columnar_kto import Pending
 from flowrl.data.dedupe import SeenKeys
 from flowrl.data.encode import row_trace_ids
 from flowrl.data.grouping import Embedder, GroupBy, Grouper
-from flowrl.data.kto import KTODatasetBuilder, kto_weights
 from flowrl.data.sinks import DiskSink, MemorySink
 from flowrl.data.split import SPLITS, TRAIN, VALIDATION, check_fraction, split_for
 from flowrl.data.workers import HEAVY, SegmentTask, Workers
@@ -41,7 +45,7 @@ from flowrl.errors import ConfigError, FlowRLError, SchemaError
 from flowrl.store.files import ReadProblem
 from flowrl.store.source import TraceSource
 from flowrl.trace.conversation import Conversation, trace_conversation
-from flowrl.trace.facts import label_of
+from flowrl.trace.row import DecisionRow, decision_row
 from flowrl.trace.schema import ExecutionTrace
 from flowrl.version import __version__
 
@@ -197,7 +201,6 @@ class DatasetPipeline:
         self.worker_peaks: dict[int, float | None] = {}  # MiB, by worker, after a build with workers
         self._pool_now: Workers | None = None
         self._tasks: dict[str, tuple[str, str]] = {}  # raw task key -> (group id, split)
-        self._label: tuple[bool | None, str] = (None, "")  # the last conversation's trace's, without a threshold
         self.builder = builder
         self.method = getattr(builder, "method_name", None) or builder.method
         self.budget = budget
@@ -308,19 +311,21 @@ class DatasetPipeline:
         run = Pending()  # traces of one segment whose rows are made together (`src.columnar`)
         done = told = 0
         for item in src.scan():
-            if isinstance(item, columnar.Decided):
+            if isinstance(item, columnar.Decided):  # rows decided from their columns (a columnar builder's)
                 if run.batch is not item.batch:
                     run = self._add_run(sink, run, item.batch)
-                self._decide(item, run, seen)
+                self.builder.column_rows(
+                    run, item.rows, item.facts, self._decide(item.facts, seen), self._task, self.stats
+                )
                 done += len(item)
             else:
                 ref, trace = item
                 done += 1
                 if ref is not None:
-                    self.stats.traces_read += 1
-                    conv = self._conversation(trace, seen)
-                    if conv is not None:
-                        run = self._trace(sink, run, infos, ref, trace, conv)
+                    conv = trace_conversation(trace, self.builder.arguments_as)
+                    (kept,) = self._decide([decision_row(trace, conv)], seen)
+                    if kept is not None:
+                        run = self._trace(sink, run, infos, ref, trace, conv, kept.raw_key)
             if on_progress and (done - told >= 500 or done == total):
                 on_progress("read", done, total)
                 told = done
@@ -338,14 +343,15 @@ class DatasetPipeline:
         ref: Any,
         trace: ExecutionTrace,
         conv: Conversation,
+        raw_key: str,
     ) -> Pending:
         """A trace's rows (or its `TraceInfo`); the run of a segment's pending traces it leaves."""
         if self.builder.grouped:
-            info = self.builder.info(trace, ref, self.grouper.raw_key(trace))
+            info = self.builder.info(trace, ref, raw_key)
             if info is not None:
                 infos.append(info)
             return run
-        group_id, split = self._task(self.grouper.raw_key(trace))
+        group_id, split = self._task(raw_key)
         if run.batch is not None:  # a segment's pending rows come first
             run = self._add_run(sink, run, None)
         used = False
@@ -355,40 +361,36 @@ class DatasetPipeline:
         self.stats.traces_used += used
         return run
 
-    def _decide(self, rows: columnar.Decided, run: Pending, seen: SeenKeys) -> None:
-        """`_conversation` and `_trace` for each of a stretch of rows that their columns decide: the same decisions
-        and counts in the same order, without an object per trace."""
-        stats, builder, task = self.stats, cast(KTODatasetBuilder, self.builder), self._task
-        dedupe, raw_key, threshold, skip = self.filters.dedupe, self.grouper.raw_key_of, builder.threshold, stats.skip
-        c = rows.cols
+    def _decide(self, rows: list[DecisionRow], seen: SeenKeys) -> list[Kept | None]:
+        """The one decision of a build, for each trace of `rows` in order (a trace read whole, or a stretch of a
+        segment's rows read from their columns): `Kept` (its raw task key and label), or None when it is skipped
+        (counted: no user turn, no assistant turn, duplicate); a kept trace's reward, label and chat counted."""
+        stats, skip, raw_key = self.stats, self.stats.skip, self.grouper.raw_key_of
         duplicate = [False] * len(rows)
-        if dedupe:  # the keys of the rows that reach the dedupe step, at once
-            reach = [i for i, (p, n) in enumerate(zip(c["conv_prompt_end"], c["steps"], strict=True)) if p and n]
-            for i, new in zip(reach, seen.first([c["conv_key"][i] for i in reach]).tolist(), strict=True):
-                duplicate[i] = not new
-        for i, (prompt_end, steps, score) in enumerate(zip(c["conv_prompt_end"], c["steps"], c["reward_score"])):
+        if self.filters.dedupe:  # the keys of the rows that reach the dedupe step, at once
+            reach = [i for i, row in enumerate(rows) if row.prompt_end and row.steps]
+            keys = [rows[i].key for i in reach]
+            new = [seen.add(key) for key in keys] if len(keys) == 1 else seen.first(keys).tolist()
+            for i, fresh in zip(reach, new, strict=True):
+                duplicate[i] = not fresh
+        out: list[Kept | None] = []
+        for row, dup in zip(rows, duplicate, strict=True):
             stats.traces_read += 1
-            if prompt_end == 0:
+            out.append(None)
+            if row.prompt_end == 0:
                 skip("no user turn")
-                continue
-            if not steps:
+            elif not row.steps:
                 skip("no assistant turn")
-                continue
-            if duplicate[i]:
+            elif dup:
                 skip("duplicate")
-                continue
-            stats.add_reward(score)
-            rewards = c["rewards"][i]
-            rewards = orjson.loads(rewards) if isinstance(rewards, str) else rewards  # a dict where patched
-            facts = (c["label"][i], c["label_source"][i], c["manual_review"][i], None, score, rewards)
-            plain = label_of(*facts)
-            stats.trace_labels[str(plain[0]).lower()] += 1
-            stats.synthesized += c["conv_synthesized"][i]
-            stats.without_tool_calls += not c["conv_tool_calls"][i]
-            group_id, split = task(raw_key(c["group_key"][i], c["query_key"][i]))
-            labelled = builder.counted_label(plain if threshold is None else label_of(*facts, threshold), stats)
-            if labelled is not None:
-                run.add(rows.rows[i], builder.first_row(steps), *labelled, split, group_id, c["trace_id"][i], score)
+            else:
+                stats.add_reward(row.reward_score)
+                label = row.label_at()
+                stats.trace_labels[str(label[0]).lower()] += 1
+                stats.synthesized += row.synthesized
+                stats.without_tool_calls += not row.tool_calls
+                out[-1] = Kept(raw_key(row.group_key, row.query_key), label)
+        return out
 
     def _task(self, raw_key: str) -> tuple[str, str]:
         """The group id and split of a task key; remembered, as a store holds many runs of a task (up to
@@ -400,26 +402,6 @@ class DatasetPipeline:
             group_id = self.grouper.group_id(raw_key)
             hit = self._tasks[raw_key] = (group_id, split_for(group_id, self.val_fraction, self.seed))
         return hit
-
-    def _conversation(self, trace: ExecutionTrace, seen: SeenKeys) -> Conversation | None:
-        conv = trace_conversation(trace, self.builder.arguments_as)
-        if conv.prompt_end == 0:
-            self.stats.skip("no user turn")
-            return None
-        if not conv.assistant_indices():
-            self.stats.skip("no assistant turn")
-            return None
-        if self.filters.dedupe:
-            key = conv.key()
-            if not seen.add(key):
-                self.stats.skip("duplicate")
-                return None
-        self.stats.add_reward(trace.reward_score)
-        self._label = effective_label(trace)
-        self.stats.trace_labels[str(self._label[0]).lower()] += 1
-        self.stats.synthesized += conv.synthesized
-        self.stats.without_tool_calls += not conv.has_tool_calls
-        return conv
 
     def _grouped(self, src: _Source, sink: DiskSink | MemorySink, infos: list[TraceInfo]) -> None:
         self.grouper.fit(info.group_id for info in infos)
@@ -449,7 +431,7 @@ class DatasetPipeline:
         if not run:
             return Pending(batch)
         assert isinstance(sink, DiskSink)
-        made = plan(run.batch.table, run, self.builder.max_chars)
+        made = self.builder.column_plan(run)
         self.stats.dropped_too_long += made.dropped
         self.stats.traces_used += made.used
         if not len(made.parent):
@@ -458,7 +440,7 @@ class DatasetPipeline:
             names, keys, seq = sink.assign(made.split)
             self._pool_now.submit(SegmentTask(run.batch.path, run.batch.location, made, names, keys, seq))
         else:
-            sink.add_batch(made.split, materialize(run.batch.table, made, sink.features.arrow_schema))
+            sink.add_batch(made.split, self.builder.column_table(run.batch.table, made, sink.features.arrow_schema))
         for split in dict.fromkeys(made.split.tolist()):  # in the order the rows come
             labels = made.label[made.split == split]
             self.stats.rows[split] += len(labels)
@@ -546,11 +528,7 @@ class DatasetPipeline:
             },
             "stats": self.stats.to_dict(),
         }
-        if self.method == "kto":
-            train = self.stats.labels.get(TRAIN, Counter())
-            meta["desirable_weight"], meta["undesirable_weight"] = kto_weights(
-                train.get("true", 0), train.get("false", 0)
-            )
+        meta.update(self.builder.weights(self.stats))
         return meta
 
 

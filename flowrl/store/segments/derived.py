@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from flowrl.trace.conversation import conversation_key, message_chars, trace_conversation
-from flowrl.trace.facts import query_key
+from flowrl.trace.conversation import message_chars, trace_conversation
+from flowrl.trace.row import DecisionRow, decision_row
 from flowrl.trace.schema import ExecutionTrace
 
 log = logging.getLogger(__name__)
@@ -63,19 +63,20 @@ def derive(trace: ExecutionTrace) -> dict[str, Any]:
     global _failed
     try:
         conv = trace_conversation(trace, "dict")
+        row = decision_row(trace, conv)
         return {
             "conv_messages": [dumps(m) for m in conv.messages],
             "conv_chars": [message_chars([m]) for m in conv.messages],
             "conv_steps": conv.assistant_indices(),
-            "conv_prompt_end": conv.prompt_end,
+            "conv_prompt_end": row.prompt_end,
             "conv_tools": dumps(conv.tools),
-            "conv_key": conversation_key(conv),
-            "conv_synthesized": conv.synthesized,
-            "conv_tool_calls": conv.has_tool_calls,
-            "query_key": query_key(trace.user_query),
-            "group_key": trace.group_key,
-            "manual_review": trace.manual_review,
-            "rewards": dumps(trace.rewards),
+            "conv_key": row.key,
+            "conv_synthesized": row.synthesized,
+            "conv_tool_calls": row.tool_calls,
+            "query_key": row.query_key,
+            "group_key": row.group_key,
+            "manual_review": row.manual_review,
+            "rewards": dumps(row.rewards),
             "llm_calls": len(trace.llm_calls),
         }
     except Exception as exc:  # a chat no builder could read either: the build reads the trace and says why
@@ -85,3 +86,59 @@ def derive(trace: ExecutionTrace) -> dict[str, Any]:
             )
             _failed = True
         return _EMPTY
+
+
+# the columns `decision_rows` reads: the derived ones above and the segment's scalar ones (`format.SCALARS`)
+ROW_COLUMNS = [
+    "trace_id",
+    "label",
+    "label_source",
+    "reward_score",
+    "manual_review",
+    "rewards",
+    "conv_prompt_end",
+    "conv_key",
+    "conv_synthesized",
+    "conv_tool_calls",
+    "query_key",
+    "group_key",
+]
+
+
+def decision_rows(cols: dict[str, list[Any]], steps: list[int]) -> list[DecisionRow]:
+    """The `DecisionRow`s of a segment's rows from their columns `ROW_COLUMNS` (as Python lists; `rewards` JSON text,
+    or a mapping where a patch set it) and each row's number of assistant steps (`conv_steps`' lengths), without
+    parsing a trace. `host_success` is None: a row with host outcomes is read whole."""
+    loads = orjson.loads
+    return [
+        DecisionRow(
+            trace_id,
+            prompt_end,
+            n,
+            key,
+            synthesized,
+            tool_calls,
+            group_key,
+            query,
+            label,
+            label_source,
+            manual_review,
+            None,
+            score,
+            loads(rewards) if isinstance(rewards, str) else rewards,
+        )
+        for (
+            trace_id,
+            label,
+            label_source,
+            score,
+            manual_review,
+            rewards,
+            prompt_end,
+            key,
+            synthesized,
+            tool_calls,
+            query,
+            group_key,
+        ), n in zip(zip(*(cols[name] for name in ROW_COLUMNS), strict=True), steps, strict=True)
+    ]
