@@ -5,6 +5,8 @@
   each decided by one function over the schema.
 - `transcript`: the one reader and writer of the OpenAI chat format; `conversation`: a trace as a chat (prompt
   end, tool schemas); `outcomes`: the host's statements about a run; `redact`: secret masking before storage.
+- `row`: `DecisionRow`, the facts a dataset build decides a trace on, computed once (a segment stores them as
+  columns); `tokenizer`: the fingerprint of the tokenizer that made captured ids.
 
 Importing this package imports none of them; `from flowrl.trace import schema` (or a module path) does.
 """
