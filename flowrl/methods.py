@@ -2,8 +2,10 @@
 
 A spec names everything a method needs, by import path so this module imports nothing heavy:
 the dataset builder (and its fixed options), TRL's config and trainer classes, how flowrl encodes
-its conversational rows (`encoding`: "sft", "kto", "dpo", "grpo-offline", or None for rows TRL takes as
-they are), the columns a dataset must have, the LoRA learning rate and a line for the dataset card.
+its conversational rows (`encoding`: a key of `ENCODINGS`, "sft", "kto", "dpo", "grpo-offline", or None for rows
+TRL takes as they are), the columns a dataset must have, the LoRA learning rate and a line for the dataset card.
+Code elsewhere asks the spec what the method does (`is_grpo`, `online`, `needs_rewards`, `trains_on_right_runs`,
+`encoding_spec.class_weights`, ...), never its name, so a method that reuses an encoding inherits its behaviour.
 
 Adding a method is one file (its builder, if no existing one fits) and one line:
 
@@ -25,6 +27,38 @@ from flowrl.errors import ConfigError, require
 
 
 @dataclass(frozen=True)
+class Encoding:
+    """What training asks of one way of encoding rows (`MethodSpec.encoding`); flowrl.data.encode has its encoder."""
+
+    name: str
+    conversation_column: str | None = None  # holding a list there marks conversational rows flowrl tokenizes
+    pretokenized_trainer: bool = (
+        False  # TRL's trainer always tokenizes: subclass it to take the ids (train.pretokenized)
+    )
+    takes_beta: bool = True  # TRL's config has a `beta` (SFT's has none)
+    class_weights: bool = False  # desirable / undesirable weights (KTO)
+    kl_pairs: bool = False  # the KL estimate pairs each row with another row of its batch (KTO)
+    assistant_masks: bool = False  # rows carry a per-token loss mask: `assistant_only_loss` applies, no packing (SFT)
+    replays_groups: bool = False  # logged completion groups replayed through a GRPO rollout_func
+
+    @property
+    def min_batch_rows(self) -> int:
+        return 2 if self.kl_pairs else 1
+
+
+AS_IS = Encoding("as-is")  # rows TRL takes as they are (online GRPO prompts)
+ENCODINGS: dict[str, Encoding] = {
+    e.name: e
+    for e in (
+        Encoding("sft", conversation_column="messages", takes_beta=False, assistant_masks=True),
+        Encoding("kto", conversation_column="prompt", pretokenized_trainer=True, class_weights=True, kl_pairs=True),
+        Encoding("dpo", conversation_column="prompt", pretokenized_trainer=True),
+        Encoding("grpo-offline", replays_groups=True),
+    )
+}
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     name: str
     builder: str  # "module:Class" of the DatasetBuilder
@@ -37,11 +71,37 @@ class MethodSpec:
     encoding: str | None = None  # how flowrl tokenizes conversational rows (see flowrl.data.encode)
     trl_module: str = "trl"
     aliases: tuple[str, ...] = ()
+    # rejection sampling: the builder options that keep only the runs labelled right (SFT: select="label");
+    # None: the method learns from every labelled run, right and wrong (KTO's labels, DPO's pairs)
+    right_runs_only: dict[str, Any] | None = None
 
     @property
     def is_grpo(self) -> bool:
         """A GRPO method (online or offline): it has completions generated or replayed and scored."""
         return self.trl_config == "GRPOConfig"
+
+    @property
+    def online(self) -> bool:
+        """GRPO whose completions are generated while training (rows TRL takes as they are): an agent can roll out."""
+        return self.is_grpo and self.encoding is None
+
+    @property
+    def needs_rewards(self) -> bool:
+        """Its dataset is built from scored or labelled traces (online GRPO scores while it trains)."""
+        return not self.online
+
+    @property
+    def trains_on_right_runs(self) -> bool:
+        return self.right_runs_only is not None
+
+    @property
+    def encoding_spec(self) -> Encoding:
+        """What training asks of the method's `encoding` (flowrl.methods.ENCODINGS)."""
+        if self.encoding is None:
+            return AS_IS
+        if self.encoding not in ENCODINGS:
+            raise ConfigError(f"method {self.name!r}: no encoding {self.encoding!r}; use one of {', '.join(ENCODINGS)}")
+        return ENCODINGS[self.encoding]
 
     def builder_class(self) -> type:
         module, _, name = self.builder.partition(":")
@@ -138,6 +198,7 @@ for _spec in (
         "language modelling: `messages` (+ `tools`, `prompt_end`, `captured` ids), for TRL's `SFTTrainer` "
         "with loss on the tokens generated in the run",
         encoding="sft",
+        right_runs_only={"select": "label"},
     ),
     MethodSpec(
         "dpo",

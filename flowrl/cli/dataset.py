@@ -10,6 +10,7 @@ import typer
 from flowrl.cli.common import StoreOption, console, err_console, open_store, report_problems
 from flowrl.cli.dataset_options import BuildOptions
 from flowrl.cli.options import config_options
+from flowrl.methods import get_method
 
 if TYPE_CHECKING:
     from flowrl.data import DatasetFilter
@@ -39,7 +40,7 @@ def build_dataset(
         else:
             result = _with_progress(pipeline, st, out, parquet, overwrite)
     except DatasetError as exc:
-        if builder.method_name != "grpo" and _unscored(st, filters):  # online GRPO needs no rewards
+        if get_method(builder.method_name).needs_rewards and _unscored(st, filters):  # online GRPO needs none
             command = "flowrl score" + (f" --store {store}" if store is not None else "")
             raise DatasetError(f"{exc}; the traces have no rewards or labels: run `{command}` first") from exc
         raise

@@ -176,35 +176,96 @@ def trajectory_parts(
     return p, c, m, None, "template"
 
 
+def _sft_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
+    return sft_sequences(row, renderer, stats)
+
+
+def _kto_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
+    p, c, source = kto_parts(row, renderer, stats)
+    return [_pair(p, c, source=source)]
+
+
+def _dpo_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
+    p, c, r, source = dpo_parts(row, renderer, stats)
+    return [_pair(p, c, source=source), _pair(p, r, source=source)]
+
+
+def _grpo_offline_sequences(row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
+    tokens = row.get("logged_tokens") or [None] * len(row["logged_completions"])
+    out = []
+    for completion, toks in zip(row["logged_completions"], tokens):
+        p, c, m, logps, source = trajectory_parts(row["prompt"], completion, toks, row.get("tools"), renderer, stats)
+        out.append(_pair(p, c, m, source, logps))
+    return out
+
+
+# the encoder of each encoding in flowrl.methods.ENCODINGS: a row -> its sequences
+ROW_SEQUENCES = {
+    "sft": _sft_sequences,
+    "kto": _kto_sequences,
+    "dpo": _dpo_sequences,
+    "grpo-offline": _grpo_offline_sequences,
+}
+
+
 def row_sequences(method: str, row: dict[str, Any], renderer: ChatRenderer, stats: EncodeStats) -> list[TokenSequence]:
     """Every sequence a row stands for, with its loss mask (what `flowrl dataset show` prints). Chosen by the
     method's `encoding` in the method table, so a registered method that reuses an encoding needs nothing here."""
-    encoding = get_method(method).encoding
-    if encoding == "sft":
-        return sft_sequences(row, renderer, stats)
-    if encoding == "kto":
-        p, c, source = kto_parts(row, renderer, stats)
-        return [_pair(p, c, source=source)]
-    if encoding == "dpo":
-        p, c, r, source = dpo_parts(row, renderer, stats)
-        return [_pair(p, c, source=source), _pair(p, r, source=source)]
-    if encoding == "grpo-offline":
-        tokens = row.get("logged_tokens") or [None] * len(row["logged_completions"])
-        out = []
-        for completion, toks in zip(row["logged_completions"], tokens):
-            p, c, m, logps, source = trajectory_parts(
-                row["prompt"], completion, toks, row.get("tools"), renderer, stats
-            )
-            out.append(_pair(p, c, m, source, logps))
-        return out
-    if encoding is None and get_method(method).is_grpo:  # online GRPO: the prompt the policy completes
+    spec = get_method(method)
+    encoder = ROW_SEQUENCES.get(spec.encoding or "")
+    if encoder is not None:
+        return encoder(row, renderer, stats)
+    if spec.online:  # online GRPO: the prompt the policy completes
         ids = renderer.ids(renderer.prepare(row["prompt"]), row.get("tools"), generation_prompt=True)
         return [TokenSequence(ids, [0] * len(ids), "template")]
-    raise ValueError(f"method {method!r}: no encoding {encoding!r} in flowrl.data.encode")
+    raise ValueError(f"method {method!r}: no encoding {spec.encoding!r} in flowrl.data.encode")
 
 
 # ------------------------------------------------------------------------------------------------
 # whole datasets -> TRL's tokenized columns
+
+_TOO_LONG = "longer than max_length {}"
+
+
+def _sft_rows(
+    index: int, row: dict[str, Any], renderer: ChatRenderer, max_length: int | None, stats: EncodeStats
+) -> list[dict[str, Any]]:
+    out = []
+    for seq in sft_sequences(row, renderer, stats):
+        stats.sources[seq.source] += 1
+        if max_length is not None and len(seq) > max_length:
+            stats.drop(index, row, _TOO_LONG.format(max_length), len(seq))
+        elif not seq.trained:
+            stats.drop(index, row, "no generated tokens", len(seq))
+        else:
+            out.append({"input_ids": seq.input_ids, "assistant_masks": seq.loss_mask})
+    return out
+
+
+def _kto_rows(
+    index: int, row: dict[str, Any], renderer: ChatRenderer, max_length: int | None, stats: EncodeStats
+) -> list[dict[str, Any]]:
+    p, c, source = kto_parts(row, renderer, stats)
+    stats.sources[source] += 1
+    if max_length is not None and len(p) + len(c) > max_length:
+        stats.drop(index, row, _TOO_LONG.format(max_length), len(p) + len(c))
+        return []
+    return [{"prompt_ids": p, "completion_ids": c, "label": bool(row["label"])}]
+
+
+def _dpo_rows(
+    index: int, row: dict[str, Any], renderer: ChatRenderer, max_length: int | None, stats: EncodeStats
+) -> list[dict[str, Any]]:
+    p, c, r, source = dpo_parts(row, renderer, stats)
+    stats.sources[source] += 1
+    if max_length is not None and len(p) + max(len(c), len(r)) > max_length:
+        stats.drop(index, row, _TOO_LONG.format(max_length), len(p) + max(len(c), len(r)))
+        return []
+    return [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r}]
+
+
+# the encodings whose rows TRL's SFT, KTO and DPO trainers take as token ids: a row -> its TRL rows
+TRL_ROWS = {"sft": _sft_rows, "kto": _kto_rows, "dpo": _dpo_rows}
 
 
 def encode_for_trl(
@@ -215,37 +276,16 @@ def encode_for_trl(
     max_length: int | None,
     stats: EncodeStats | None = None,
 ) -> tuple[list[dict[str, Any]], EncodeStats]:
-    """TRL-ready tokenized rows for SFT, KTO or DPO. Over-long sequences are dropped and counted."""
+    """TRL-ready tokenized rows for SFT, KTO or DPO (`method`: the encoding). Over-long sequences are dropped and
+    counted."""
+    encoder = TRL_ROWS.get(method)
     stats = stats or EncodeStats(render=renderer.stats)
     out: list[dict[str, Any]] = []
-    too_long = f"longer than max_length {max_length}"
     for index, row in enumerate(rows):
         stats.rows_in += 1
-        if method == "sft":
-            for seq in sft_sequences(row, renderer, stats):
-                stats.sources[seq.source] += 1
-                if max_length is not None and len(seq) > max_length:
-                    stats.drop(index, row, too_long, len(seq))
-                elif not seq.trained:
-                    stats.drop(index, row, "no generated tokens", len(seq))
-                else:
-                    out.append({"input_ids": seq.input_ids, "assistant_masks": seq.loss_mask})
-        elif method == "kto":
-            p, c, source = kto_parts(row, renderer, stats)
-            stats.sources[source] += 1
-            if max_length is not None and len(p) + len(c) > max_length:
-                stats.drop(index, row, too_long, len(p) + len(c))
-            else:
-                out.append({"prompt_ids": p, "completion_ids": c, "label": bool(row["label"])})
-        elif method == "dpo":
-            p, c, r, source = dpo_parts(row, renderer, stats)
-            stats.sources[source] += 1
-            if max_length is not None and len(p) + max(len(c), len(r)) > max_length:
-                stats.drop(index, row, too_long, len(p) + max(len(c), len(r)))
-            else:
-                out.append({"prompt_ids": p, "chosen_ids": c, "rejected_ids": r})
-        else:
+        if encoder is None:
             raise ValueError(f"encode_for_trl does not take {method!r}")
+        out.extend(encoder(index, row, renderer, max_length, stats))
     stats.rows_out = len(out)
     return out, stats
 

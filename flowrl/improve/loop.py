@@ -42,7 +42,7 @@ from flowrl.evaluate.results import format_table, summarize, write_eval_json
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
 from flowrl.improve.config import ImproveConfig, ImproveError
-from flowrl.methods import make_builder
+from flowrl.methods import get_method, make_builder
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import score_store
 from flowrl.serve.policies import PolicyServer
@@ -225,12 +225,13 @@ class Improve:
             )
         for t in traces:  # the grade is the label: what rejection sampling selects on
             t.label, t.label_source = verdicts[t.session_id], "engine"
+        on_right = get_method(self.cfg.method).trains_on_right_runs  # rejection sampling (SFT), else every run (KTO)
         done: dict[str, Any] = {
-            "n_selected": len(right) if self.cfg.method == "sft" else len(traces),
+            "n_selected": len(right) if on_right else len(traces),
             "n_right": len(right),
             "n_runs": len(traces),
         }
-        chosen = right if self.cfg.method == "sft" else traces
+        chosen = right if on_right else traces
         done["longest_tokens"] = _longest(traces)
         self.build(folder / "data-selected", chosen)
         done["selected"] = "data-selected"
@@ -251,8 +252,7 @@ class Improve:
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
         method = method or self.cfg.method
-        options: dict[str, Any] = {"select": "label"} if method == "sft" else {}
-        builder = make_builder(method, **options)
+        builder = make_builder(method, **(get_method(method).right_runs_only or {}))
         DatasetPipeline(builder, val_fraction=0.0, filters=None).build(
             [t.model_copy(update={"label_source": "manual"}) for t in traces], out, overwrite=True
         )

@@ -189,7 +189,7 @@ class TrainingConfig(_Strict):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} values for {len(self.rewards)} rewards")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError("max_steps must be a positive number of steps (or -1: run num_train_epochs)")
-        if self.agent is not None and self.method != "grpo":
+        if self.agent is not None and not get_method(self.method).online:
             raise ValueError(f"agent: rollouts through an agent are for --method grpo, not {self.method}")
         if self.use_vllm and self.agent is not None and self.vllm_mode != "colocate":
             raise ValueError(

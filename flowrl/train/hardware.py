@@ -235,7 +235,7 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         # the profile's batch was sized for rows of prof.max_length tokens: keep its tokens per micro-batch (and its
         # update: accumulation makes up the rows) and recompute activations, or long agent rows (a FlowAgent's are
         # about 2,500 tokens) take the machine's memory (4 x 2,500 tokens on SmolLM2 in fp32: over 22 GiB)
-        smallest = 2 if spec.encoding == "kto" else 1
+        smallest = spec.encoding_spec.min_batch_rows
         micro = max(smallest, batch * prof.max_length // max_length)
         if micro < batch:
             steps = -(-batch // micro)
@@ -262,8 +262,11 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
                 b for b in range(batch, batch * generations + 1) if (b * world * accumulation) % generations == 0
             )
             notes.append(f"batch size raised to {batch} so that groups of {generations} completions fit")
-    if spec.encoding == "kto" and batch * world < 2:
-        raise ConfigError("KTO needs a batch of at least 2 (its KL estimate uses the other rows): raise --batch-size")
+    if batch * world < spec.encoding_spec.min_batch_rows:
+        raise ConfigError(
+            f"{spec.name.upper()} needs a batch of at least {spec.encoding_spec.min_batch_rows} (its KL estimate "
+            "uses the other rows): raise --batch-size"
+        )
 
     return RunSettings(
         name=prof.name,

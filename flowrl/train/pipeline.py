@@ -241,7 +241,7 @@ class RLTrainer:
 
     def _with_group_size(self, config: TrainingConfig) -> TrainingConfig:
         """Offline GRPO: generations per prompt default to the logged group size (capped by the profile)."""
-        if get_method(config.method).encoding != "grpo-offline" or config.num_generations is not None:
+        if not get_method(config.method).encoding_spec.replays_groups or config.num_generations is not None:
             return config
         column = find_column(self.data.columns, COMPLETION_COLUMNS, "logged completions")
         size = group_size(self.data.train.select_columns([column]).to_list(), column)

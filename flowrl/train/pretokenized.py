@@ -15,11 +15,15 @@ from typing import Any
 
 from flowrl.errors import require
 
-PRE_TOKENIZED = {"kto": ("prompt_ids", "completion_ids"), "dpo": ("prompt_ids", "chosen_ids", "rejected_ids")}
+# per encoding: the token columns of its rows, and TRL's trainer that takes them by default
+PRE_TOKENIZED = {
+    "kto": (("prompt_ids", "completion_ids"), "KTOTrainer"),
+    "dpo": (("prompt_ids", "chosen_ids", "rejected_ids"), "DPOTrainer"),
+}
 
 
 def _is_tokenized(dataset: Any, method: str) -> bool:
-    return set(PRE_TOKENIZED[method]) <= set(dataset.column_names)
+    return set(PRE_TOKENIZED[method][0]) <= set(dataset.column_names)
 
 
 def pretokenized_trainer(method: str, base: type | None = None) -> type:
@@ -27,13 +31,13 @@ def pretokenized_trainer(method: str, base: type | None = None) -> type:
     way ("kto": prompt_ids/completion_ids, "dpo": prompt_ids/chosen_ids/rejected_ids)."""
     if base is None:
         trl = require("trl")
-        base = trl.KTOTrainer if method == "kto" else trl.DPOTrainer
+        base = getattr(trl, PRE_TOKENIZED[method][1])
 
     class PreTokenized(base):  # type: ignore[misc, valid-type]
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
             if not _is_tokenized(dataset, method):
                 return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-            if method == "kto" and getattr(self, "calculate_KL", False):
+            if getattr(self, "calculate_KL", False):  # only KTOTrainer has it
                 # TRL's own KL pairing (kto_trainer._prepare_dataset): completions rotated by one within a batch
                 def add_kl_completion_ids(examples: dict[str, Any]) -> dict[str, Any]:
                     examples["KL_completion_ids"] = [examples["completion_ids"][-1]] + examples["completion_ids"][:-1]

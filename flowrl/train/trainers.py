@@ -17,7 +17,7 @@ from typing import Any
 
 from flowrl.data.tokens import ChatRenderer
 from flowrl.errors import ConfigError, require
-from flowrl.methods import get_method
+from flowrl.methods import Encoding, get_method
 from flowrl.train.agent_grpo import agent_grpo, agent_grpo_trainer
 from flowrl.train.config import TrainingConfig
 from flowrl.train.data_io import LoadedData
@@ -45,8 +45,8 @@ def _is_grpo(method: str) -> bool:
     return get_method(method).is_grpo
 
 
-def _encoding(method: str) -> str | None:
-    return get_method(method).encoding
+def _encoding(method: str) -> Encoding:
+    return get_method(method).encoding_spec
 
 
 def lora_config(config: TrainingConfig) -> Any | None:
@@ -189,11 +189,11 @@ def trl_config_kwargs(
             kwargs["reward_weights"] = reward_weights
     else:
         kwargs["max_length"] = settings.max_length
-        if config.beta is not None and encoding != "sft":
+        if config.beta is not None and encoding.takes_beta:
             kwargs["beta"] = config.beta
-    if encoding == "kto":
+    if encoding.class_weights:
         kwargs.update(desirable_weight=desirable_weight or 1.0, undesirable_weight=undesirable_weight or 1.0)
-    if encoding == "sft":
+    if encoding.assistant_masks:
         kwargs.update(assistant_only_loss=assistant_only_loss, packing=False)
     return kwargs
 
@@ -218,9 +218,9 @@ def warn_unexecuted_tools(data: LoadedData) -> int:
     return offered
 
 
-def is_conversational_data(data: LoadedData, encoding: str) -> bool:
-    column = {"sft": "messages", "kto": "prompt", "dpo": "prompt"}[encoding]
-    if column not in data.columns or not len(data.train):
+def is_conversational_data(data: LoadedData, encoding: Encoding) -> bool:
+    column = encoding.conversation_column
+    if column is None or column not in data.columns or not len(data.train):
         return False
     return isinstance(data.train[0][column], list)
 
@@ -278,7 +278,8 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
     train = data.train
     method = config.method
     encoding = _encoding(method)
-    if _is_grpo(method) and encoding is None and agent is not None:  # online, through the agent's loop
+    spec = get_method(method)
+    if spec.online and agent is not None:  # online, through the agent's loop
         tasks = list(agent.tasks) if config.dataset is None else train.to_list()
         parts = agent_grpo(config, agent, tasks, config.resolved_store)
         if reward_funcs:
@@ -294,7 +295,7 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
         train = parts.rollout.train_dataset()
         kwargs.update(reward_funcs=parts.funcs, rollout_func=parts.rollout.rollout_func)
         trainer_cls = agent_grpo_trainer(trainer_cls, drop_zero_std=config.drop_zero_std_groups)
-    elif _is_grpo(method) and encoding is None:  # online: TRL generates
+    elif spec.online:  # online: TRL generates
         info["tools_not_executed"] = warn_unexecuted_tools(data)
         if reward_funcs:
             funcs, weights = list(reward_funcs), config.reward_weights or [1.0] * len(reward_funcs)
@@ -304,7 +305,7 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
         info["reward_weights"] = weights
         args = trl_config(config, settings, output_dir, reward_weights=weights)
         kwargs["reward_funcs"] = funcs
-    elif encoding == "grpo-offline":
+    elif encoding.replays_groups:
         groups = OfflineGroups(train.to_list(), settings.num_generations)
         renderer = chat_renderer(model_path)
         groups.encode(renderer)
@@ -323,12 +324,12 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
         args = trl_config(config, settings, output_dir, off_policy_mask_threshold=threshold)
         train = groups.train_dataset()
         kwargs.update(reward_funcs=[OfflineGroups.logged_reward], rollout_func=groups.rollout_func)
-    elif encoding in ("kto", "sft", "dpo") and is_conversational_data(data, encoding):
+    elif is_conversational_data(data, encoding):
         # Token-faithful rows: captured ids where the runs have them, else the chat template, masks by flowrl
         from flowrl.data.encode import encode_for_trl
 
         rows, stats = encode_for_trl(
-            encoding, train.to_list(), chat_renderer(model_path), max_length=settings.max_length
+            encoding.name, train.to_list(), chat_renderer(model_path), max_length=settings.max_length
         )
         info["encoding"] = stats.to_dict()
         if not rows:
@@ -336,25 +337,25 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
                 f"no row of {data.source} fits max_length={settings.max_length} tokens "
                 f"({stats.rows_in} rows: {dict(stats.dropped)}): pass a larger --max-length"
             )
-        if encoding == "sft" and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
+        if encoding.assistant_masks and config.assistant_only_loss is False:  # asked for: loss on the whole sequence
             rows = [{"input_ids": r["input_ids"], "assistant_masks": [1] * len(r["input_ids"])} for r in rows]
         train = _datasets().Dataset.from_list(rows)
-        if encoding == "kto":
+        if encoding.class_weights:
             args = _kto_args(config, settings, output_dir, data, info)
         else:
             args = trl_config(config, settings, output_dir)  # SFT: loss from the rows' assistant_masks
-        if encoding == "sft":
+        if encoding.assistant_masks:
             info["assistant_only_loss"] = (
                 config.assistant_only_loss is not False
             )  # flowrl's masks: tokens generated in the run
-        if encoding in ("kto", "dpo"):
-            trainer_cls = pretokenized_trainer(encoding, trainer_cls)
-    elif encoding == "kto":  # plain-text rows: TRL tokenizes them
+        if encoding.pretokenized_trainer:
+            trainer_cls = pretokenized_trainer(encoding.name, trainer_cls)
+    elif encoding.class_weights:  # plain-text KTO rows: TRL tokenizes them
         args = _kto_args(config, settings, output_dir, data, info)
     else:  # plain-text SFT or DPO rows: TRL tokenizes them
         args = trl_config(config, settings, output_dir)
     if _is_grpo(method):
-        check_grpo_batch_fits(args, train, settings, offline=encoding == "grpo-offline", source=data.source)
+        check_grpo_batch_fits(args, train, settings, offline=encoding.replays_groups, source=data.source)
     given = len(train)
     kwargs.update(args=args, train_dataset=train)
     with warnings.catch_warnings():
