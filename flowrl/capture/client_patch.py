@@ -12,17 +12,21 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
+from types import CoroutineType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture import _patch
 from flowrl.capture.events import HookPort, LLMEvent
-from flowrl.capture.recorder import current_llm
+from flowrl.capture.recorder import current_frame, current_llm, enter_llm, leave_llm, note_exc, perf_counter
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.recorder import RunRecord
 
 Target = tuple[Any, str, Callable[[list[bool]], Callable[..., Any]]]  # (owner, attribute, handler(live))
+# (run, api, args, kwargs) -> the call's event in that run, or None (not recorded); may raise (counted)
+Record = Callable[["RunRecord", str, tuple[Any, ...], dict[str, Any]], "LLMEvent | None"]
+# (hook, event, the stream the call returned, async?): record its items as the host reads them; never raises
+Follow = Callable[[HookPort, LLMEvent, Any, bool], None]
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,95 @@ def attach(rec: RunRecord, ev: LLMEvent) -> LLMEvent | None:
             parent.inner.append(ev)
         return ev
     return ev if rec.add(ev) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCall:
+    """One kind of client call: its client's name, its `api` (the event's), how its event is made (`record`),
+    how a stream it returns is followed (`follow`), and the names of its positional parameters (`positional`:
+    the grouper sees a request by name)."""
+
+    client: str
+    api: str
+    record: Record
+    follow: Follow
+    positional: tuple[str, ...] = ()
+
+
+def call_handler(
+    call: ClientCall, live: list[bool], *, is_async: bool = False, is_open: bool = False
+) -> Callable[..., Any]:
+    """The wrapper of one client function (sync, or async: it returns a coroutine): `begin` finds the run and
+    makes the event; the call is timed (a coroutine, also one a sync function hands back, when it is awaited),
+    its result or exception noted, and a stream's items followed (`call.follow`). `is_open`: the call is the
+    open LLM call while it runs (`recorder.enter_llm`), so client calls made underneath attach to it."""
+    follow = call.follow
+
+    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not live[0]:
+            return wrapped(*args, **kwargs)
+        begun = begin(call, args, kwargs)
+        if begun is None:
+            return wrapped(*args, **kwargs)
+        rec, ev = begun
+        token = enter_llm(begun) if is_open and not is_async else None
+        try:
+            out = wrapped(*args, **kwargs)  # an async SDK checks its arguments here, before any await
+        except BaseException as exc:
+            note_exc(rec.hook, ev, exc)
+            raise
+        finally:
+            if token is not None:
+                leave_llm(token)
+        if is_async or out.__class__ is CoroutineType:  # LiteLLM's completion(..., acompletion=True)
+            return _awaited(rec, ev, out, follow, is_open)
+        return returned(rec.hook, ev, out, follow, False)
+
+    return handler
+
+
+def begin(call: ClientCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
+    """The run and event a call is recorded into: the current run's; outside any run, its conversation's when
+    calls are being grouped (`grouping.capture_llm_calls`). None: not recorded (a failure counted). Never
+    raises."""
+    frame = current_frame()
+    api = call.api
+    if frame is None:
+        unattributed(call.client)
+        grouping = _GROUPER
+        if grouping is None:
+            return None
+        named = {**dict(zip(call.positional, args)), **kwargs} if args else kwargs
+        return grouping.begin(api, named, lambda rec: call.record(rec, api, args, kwargs))
+    rec = frame[0]
+    try:
+        ev = call.record(rec, api, args, kwargs)
+    except Exception as exc:
+        rec.hook.fail(f"{api}: recording a call", exc)
+        return None
+    return None if ev is None else (rec, ev)
+
+
+async def _awaited(rec: RunRecord, ev: LLMEvent, coro: Any, follow: Follow, is_open: bool) -> Any:
+    token = enter_llm((rec, ev)) if is_open else None
+    try:
+        out = await coro
+    except BaseException as exc:
+        note_exc(rec.hook, ev, exc)
+        raise
+    finally:
+        if token is not None:
+            leave_llm(token)
+    return returned(rec.hook, ev, out, follow, True)
+
+
+def returned(hook: HookPort, ev: LLMEvent, out: Any, follow: Follow, is_async: bool) -> Any:
+    """A recorded call returned `out`: timed, kept, and, for a stream, its items followed. Returns `out`."""
+    ev.duration = perf_counter() - ev.started
+    ev.output = out
+    if ev.chunks is not None:
+        follow(hook, ev, out, is_async)
+    return out
 
 
 def set_grouper(grouper: Any) -> None:

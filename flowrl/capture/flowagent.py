@@ -192,6 +192,22 @@ def _finish(hook: HookPort, rec: RunRecord, agent: Any, ctx: Any) -> None:
 # -- handlers -------------------------------------------------------------------------------------
 
 
+def _new_run(
+    hook: HookPort, method: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[inspect.BoundArguments, RunRecord, Any] | None:
+    """The run a call of `method` starts: its bound arguments, record and session id. None: no run of its own
+    (made inside one of this hook's runs), or the host's own call is wrong (let it fail exactly as it would).
+    May raise: the handler counts it."""
+    if inside_run_of(hook):
+        return None
+    try:
+        bound = _bind(wrapped, args, kwargs)
+    except TypeError:
+        return None
+    session_id = _arg(bound, "session_id", "default")
+    return bound, RunRecord(hook, "flowagent", method, _arg(bound, "query", None), session_id), session_id
+
+
 def _a_run_handler(hook: HookPort) -> Callable[..., Any]:
     def finish(rec: RunRecord, agent: Any, out: Any = None, exc: BaseException | None = None) -> None:
         ctx = None
@@ -223,14 +239,10 @@ def _a_run_handler(hook: HookPort) -> Callable[..., Any]:
 
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            if inside_run_of(hook):
+            begun = _new_run(hook, "a_run", wrapped, args, kwargs)
+            if begun is None:
                 return wrapped(*args, **kwargs)
-            try:
-                bound = _bind(wrapped, args, kwargs)
-            except TypeError:  # the host's own call is wrong: let it fail exactly as it would
-                return wrapped(*args, **kwargs)
-            session_id = _arg(bound, "session_id", "default")
-            rec = RunRecord(hook, "flowagent", "a_run", _arg(bound, "query", None), session_id)
+            bound, rec, session_id = begun
             rec.pre = _snapshot(instance, session_id)
             forced = "get_ctx" in bound.signature.parameters and not _arg(bound, "get_ctx", False)
             if forced:
@@ -247,14 +259,10 @@ def _a_run_handler(hook: HookPort) -> Callable[..., Any]:
 def _a_stream_handler(hook: HookPort) -> Callable[..., Any]:
     def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            if inside_run_of(hook):
+            begun = _new_run(hook, "a_stream", wrapped, args, kwargs)
+            if begun is None:
                 return wrapped(*args, **kwargs)
-            try:
-                bound = _bind(wrapped, args, kwargs)
-            except TypeError:
-                return wrapped(*args, **kwargs)
-            session_id = _arg(bound, "session_id", "default")
-            rec = RunRecord(hook, "flowagent", "a_stream", _arg(bound, "query", None), session_id)
+            _, rec, session_id = begun
         except Exception as exc:
             hook.fail("a_stream: starting a run", exc)
             return wrapped(*args, **kwargs)

@@ -287,10 +287,7 @@ class CallCapture(Hook):
             end = conv.ended()
             if end is not None:
                 rec.duration = max(0.0, end - rec.perf0)  # the idle wait is not part of the run
-            if rec.overflow:
-                self.registration.count("events_over_limit", rec.overflow)
-            self.registration.count("captured")
-            self.registration.submit(rec)
+            self.registration.captured(rec)
         except Exception as exc:
             self.fail("finishing a conversation", exc)
 

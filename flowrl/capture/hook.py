@@ -210,10 +210,7 @@ class Hook:
             if rec.closed:
                 return
             rec.close()
-            if rec.overflow:
-                self.registration.count("events_over_limit", rec.overflow)
-            self.registration.count("captured")
-            self.registration.submit(rec)
+            self.registration.captured(rec)
         except Exception as exc:
             self.fail("finishing a run", exc)
 

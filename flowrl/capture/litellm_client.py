@@ -34,13 +34,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from types import CoroutineType, ModuleType
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture import client_patch
-from flowrl.capture.client_patch import ClientSpec, Target
+from flowrl.capture.client_patch import ClientCall, ClientSpec, Target
 from flowrl.capture.events import HookPort, LLMEvent
-from flowrl.capture.recorder import current_frame, current_llm, enter_llm, leave_llm, note_exc, perf_counter
+from flowrl.capture.recorder import current_llm, perf_counter
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.recorder import RunRecord
@@ -169,7 +169,7 @@ SPEC = ClientSpec(CLIENT, targets, lambda: LAZY)  # what `flowrl.capture.clients
 # -- the host's side ----------------------------------------------------------------------------------
 
 
-def record(rec: RunRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
+def record(rec: RunRecord, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
     """The event of one LiteLLM call in run `rec`, or None: the run's hook does not capture LiteLLM, the run
     takes no more events, or this call is made inside a LiteLLM call already recorded (a Router's, a fallback)."""
     hook = rec.hook
@@ -193,90 +193,29 @@ def record(rec: RunRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLM
     return client_patch.attach(rec, ev)
 
 
-def _begin(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
-    frame = current_frame()
-    if frame is None:
-        client_patch.unattributed(CLIENT)
-        grouper = client_patch.grouper()
-        if grouper is None:
-            return None
-        merged = {**dict(zip(_POSITIONAL, args)), **kwargs} if args else kwargs
-        return grouper.begin(CHAT, merged, lambda rec: record(rec, args, kwargs))
-    rec = frame[0]
-    try:
-        ev = record(rec, args, kwargs)
-    except Exception as exc:
-        rec.hook.fail(f"{CHAT}: recording a call", exc)
-        return None
-    return None if ev is None else (rec, ev)
+def _record(rec: RunRecord, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
+    return record(rec, api, args, kwargs)  # `record` looked up per call: a test may replace it
 
 
 def _sync_handler(live: list[bool]) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not live[0]:
-            return wrapped(*args, **kwargs)
-        begun = _begin(args, kwargs)
-        if begun is None:
-            return wrapped(*args, **kwargs)
-        rec, ev = begun
-        token = enter_llm((rec, ev))  # an SDK call LiteLLM makes underneath attaches to this one
-        try:
-            out = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            note_exc(rec.hook, ev, exc)
-            raise
-        finally:
-            leave_llm(token)
-        if out.__class__ is CoroutineType:  # completion(..., acompletion=True): awaited by the host
-            return _awaited(rec, ev, out)
-        _returned(rec.hook, ev, out)
-        return out
-
-    return handler
+    # the open LLM call while it runs: an SDK call LiteLLM makes underneath attaches to this one
+    return client_patch.call_handler(_CALL, live, is_open=True)
 
 
 def _async_handler(live: list[bool]) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not live[0]:
-            return wrapped(*args, **kwargs)
-        begun = _begin(args, kwargs)
-        if begun is None:
-            return wrapped(*args, **kwargs)
-        rec, ev = begun
-        try:
-            coro = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            note_exc(rec.hook, ev, exc)
-            raise
-        return _awaited(rec, ev, coro)
-
-    return handler
+    return client_patch.call_handler(_CALL, live, is_async=True, is_open=True)
 
 
-async def _awaited(rec: RunRecord, ev: LLMEvent, coro: Any) -> Any:
-    token = enter_llm((rec, ev))
-    try:
-        out = await coro
-    except BaseException as exc:
-        note_exc(rec.hook, ev, exc)
-        raise
-    finally:
-        leave_llm(token)
-    _returned(rec.hook, ev, out)
-    return out
-
-
-def _returned(hook: HookPort, ev: LLMEvent, out: Any) -> None:
-    ev.duration = perf_counter() - ev.started
-    ev.output = out
-    if ev.chunks is None:
-        return
+def _follow(hook: HookPort, ev: LLMEvent, out: Any, is_async: bool) -> None:
     try:  # a stream: its chunks are recorded as the host reads them (the patched __next__/__anext__)
         key = id(out)
         _STREAMS[key] = (weakref.ref(out, lambda _ref: _STREAMS.pop(key, None)), ev)
     except Exception as exc:  # not a CustomStreamWrapper that takes a weak reference: no answer to read
         ev.chunks = None
         hook.fail(f"{CHAT}: following a stream", exc)
+
+
+_CALL = ClientCall(CLIENT, CHAT, _record, _follow, _POSITIONAL)
 
 
 def _followed(instance: Any) -> LLMEvent | None:
@@ -293,15 +232,10 @@ def _next_handler(live: list[bool]) -> Callable[..., Any]:
             return wrapped(*args, **kwargs)
         try:
             item = wrapped(*args, **kwargs)
-        except BaseException:
-            ev.duration = perf_counter() - ev.started
-            _STREAMS.pop(id(instance), None)
+        except BaseException:  # StopIteration too: the stream is done
+            _ended(ev, id(instance))
             raise
-        chunks = ev.chunks
-        if chunks is not None:
-            chunks.append(item)
-        ev.duration = perf_counter() - ev.started
-        return item
+        return _took(ev, item)
 
     return handler
 
@@ -319,15 +253,24 @@ def _anext_handler(live: list[bool]) -> Callable[..., Any]:
 async def _anext(ev: LLMEvent, key: int, coro: Any) -> Any:
     try:
         item = await coro
-    except BaseException:
-        ev.duration = perf_counter() - ev.started
-        _STREAMS.pop(key, None)
+    except BaseException:  # StopAsyncIteration too: the stream is done
+        _ended(ev, key)
         raise
+    return _took(ev, item)
+
+
+def _took(ev: LLMEvent, item: Any) -> Any:
+    """The host read chunk `item` of the stream of `ev`: kept, the call's time so far set. Returns `item`."""
     chunks = ev.chunks
     if chunks is not None:
         chunks.append(item)
     ev.duration = perf_counter() - ev.started
     return item
+
+
+def _ended(ev: LLMEvent, key: int) -> None:
+    ev.duration = perf_counter() - ev.started
+    _STREAMS.pop(key, None)
 
 
 __all__ = ["CHAT", "CLIENT", "LAZY", "record", "targets"]

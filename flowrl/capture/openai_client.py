@@ -30,10 +30,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from flowrl.capture import client_patch
-from flowrl.capture.client_patch import ClientSpec, Target, attach
+from flowrl.capture.client_patch import ClientCall, ClientSpec, Target, attach
 from flowrl.capture.client_read import CHAT, RESPONSES
 from flowrl.capture.events import HookPort, LLMEvent
-from flowrl.capture.recorder import current_frame, note_exc, perf_counter
+from flowrl.capture.recorder import perf_counter
 
 if TYPE_CHECKING:  # pragma: no cover
     from flowrl.capture.recorder import RunRecord
@@ -57,7 +57,7 @@ def _openai_targets() -> list[tuple[type, str, str, bool]]:
     return targets
 
 
-def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
+def record(rec: RunRecord, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
     """The event of one SDK call in run `rec` (added to the run, or attached to the hooked LLM method open
     in it), or None when the run's hook does not capture this client or the run takes no more events."""
     hook = rec.hook
@@ -76,22 +76,8 @@ def record(rec: RunRecord, api: str, kwargs: dict[str, Any]) -> LLMEvent | None:
     return attach(rec, ev)
 
 
-def _begin(api: str, kwargs: dict[str, Any]) -> tuple[RunRecord, LLMEvent] | None:
-    """The run and event a call is recorded into: the current run's; outside any run, its conversation's when
-    calls are being grouped (`grouping.capture_llm_calls`). None: not recorded (a failure counted). Never
-    raises."""
-    frame = current_frame()
-    if frame is None:
-        client_patch.unattributed("openai")
-        grouper = client_patch.grouper()
-        return None if grouper is None else grouper.begin(api, kwargs, lambda rec: record(rec, api, kwargs))
-    rec = frame[0]
-    try:
-        ev = record(rec, api, kwargs)
-    except Exception as exc:
-        rec.hook.fail(f"{api}: recording a call", exc)
-        return None
-    return None if ev is None else (rec, ev)
+def _record(rec: RunRecord, api: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LLMEvent | None:
+    return record(rec, api, args, kwargs)  # `record` looked up per call: a test may replace it
 
 
 def _patches() -> list[Target]:
@@ -105,56 +91,11 @@ SPEC = ClientSpec("openai", _patches)  # what `flowrl.capture.clients` lists
 
 
 def _sync_handler(api: str, live: list[bool]) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not live[0]:
-            return wrapped(*args, **kwargs)
-        begun = _begin(api, kwargs)
-        if begun is None:
-            return wrapped(*args, **kwargs)
-        rec, ev = begun
-        try:
-            out = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            note_exc(rec.hook, ev, exc)
-            raise
-        ev.duration = perf_counter() - ev.started
-        ev.output = out
-        if ev.chunks is not None:
-            _tap(rec.hook, ev, out, False)
-        return out
-
-    return handler
+    return client_patch.call_handler(ClientCall("openai", api, _record, _tap), live)
 
 
 def _async_handler(api: str, live: list[bool]) -> Callable[..., Any]:
-    def handler(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not live[0]:
-            return wrapped(*args, **kwargs)
-        begun = _begin(api, kwargs)
-        if begun is None:
-            return wrapped(*args, **kwargs)
-        rec, ev = begun
-        try:
-            coro = wrapped(*args, **kwargs)  # the SDK checks its arguments here, before any await
-        except BaseException as exc:
-            note_exc(rec.hook, ev, exc)
-            raise
-        return _timed(rec.hook, ev, coro)
-
-    return handler
-
-
-async def _timed(hook: HookPort, ev: LLMEvent, coro: Any) -> Any:
-    try:
-        out = await coro
-    except BaseException as exc:
-        note_exc(hook, ev, exc)
-        raise
-    ev.duration = perf_counter() - ev.started
-    ev.output = out
-    if ev.chunks is not None:
-        _tap(hook, ev, out, True)
-    return out
+    return client_patch.call_handler(ClientCall("openai", api, _record, _tap), live, is_async=True)
 
 
 def _tap(hook: HookPort, ev: LLMEvent, stream: Any, is_async: bool) -> None:

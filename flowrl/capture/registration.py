@@ -119,6 +119,14 @@ class Registration:
         """Queue a record for writing. Never blocks; False (and counted) when it was dropped."""
         return self.collector._submit(record, self)
 
+    def captured(self, rec: Any) -> bool:
+        """A run is over: counted (`captured`, and `events_over_limit` for the events it could not keep) and
+        queued for writing (`submit`)."""
+        if rec.overflow:
+            self.count("events_over_limit", rec.overflow)
+        self.count("captured")
+        return self.submit(rec)
+
     def count(self, name: str, n: int = 1) -> None:
         """Add to one of `stats`' counters (thread-safe)."""
         with self.lock:

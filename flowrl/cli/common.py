@@ -15,6 +15,8 @@ from flowrl.store.files import ReadProblem, TraceStore
 from flowrl.store.opener import open_store as open_any_store
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from flowrl.store.segments.store import SegmentStore
 
 # `--agent example` in `flowrl improve`, `train` and `eval`: the example agent is named, as a user's agent is,
@@ -52,3 +54,21 @@ def report_problems(source: TraceStore | SegmentStore | Iterable[ReadProblem]) -
     problems = getattr(source, "problems", None)
     for problem in cast("Iterable[ReadProblem]", problems if problems is not None else source):
         err_console.print(f"[yellow]skipped[/yellow] {problem.message}", markup=True, highlight=False)
+
+
+def progress_bar(console: Console, text: str = "[bold]{task.description}", *, remaining: bool = False) -> Progress:
+    """The commands' transient progress bar: `text`, the bar, done/total and the time taken (and the time left,
+    `remaining`), drawn on `console`."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn(text), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    if remaining:
+        columns.append(TimeRemainingColumn())
+    return Progress(*columns, console=console, transient=True)

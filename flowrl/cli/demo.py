@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from flowrl.cli.common import progress_bar
+
 
 def demo(  # noqa: PLR0913  # a typer command: one parameter per option
     out: Path = typer.Option(Path("demo-out"), "--out", help="Folder for everything the demo makes."),
@@ -30,7 +32,7 @@ report."""
     import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+    from rich.progress import TaskID
 
     from flowrl.demo.run import Demo, DemoConfig, StageResult  # lazy: keeps `flowrl --help` fast
 
@@ -49,14 +51,7 @@ report."""
     )
     started = time.perf_counter()
     screen = Console(file=sys.stdout, soft_wrap=True)  # bound now: stages send library chatter to demo-out/logs/
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=screen,
-        transient=True,
-    ) as progress:
+    with progress_bar(screen) as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:

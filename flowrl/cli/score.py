@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from typer.core import TyperCommand
 
-from flowrl.cli.common import StoreOption, console, err_console, open_store
+from flowrl.cli.common import StoreOption, console, err_console, open_store, progress_bar
 from flowrl.errors import ConfigError
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import DEFAULT_MAX_ERROR_RATE, ErrorBudgetExceeded, ScoreSummary, score_store
@@ -125,15 +124,7 @@ def score_cmd(
     with RewardEngine.from_config(config) as engine:
         if max_error_rate is None:  # the flag wins, then the config's key, then the default
             max_error_rate = DEFAULT_MAX_ERROR_RATE if engine.max_error_rate is None else engine.max_error_rate
-        with Progress(
-            TextColumn("scoring"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        ) as bar:
+        with progress_bar(console, "scoring", remaining=True) as bar:
             task = bar.add_task("score", total=None)
 
             def progress(done: int, total: int) -> None:

@@ -133,11 +133,7 @@ class GRPODatasetBuilder(DatasetBuilder):
         rewards = [m.reward for m in members if m.reward is not None]
         stats.groups["used"] += 1
         yield {
-            "prompt": conv.prompt,
-            "tools": conv.tools,
-            "group_id": ranked[0].group_id,
-            **task_columns(trace, conv, ranked[0].label),
-            "agent_name": trace.agent_name,
+            **_head(trace, conv, ranked[0]),
             "trace_id": trace.trace_id,
             "n_traces": len(members),
             "best_reward": ranked[0].reward,
@@ -174,11 +170,7 @@ class GRPODatasetBuilder(DatasetBuilder):
         rewards = [float(info.reward) for info, _, _ in kept]  # type: ignore[arg-type]
         stats.groups["used"] += 1
         yield {
-            "prompt": best_conv.prompt,
-            "tools": best_conv.tools,
-            "group_id": scored[0].group_id,
-            **task_columns(best_trace, best_conv, scored[0].label),
-            "agent_name": best_trace.agent_name,
+            **_head(best_trace, best_conv, scored[0]),
             "logged_completions": [c for _, c, _ in kept],
             "logged_rewards": rewards,
             "logged_tokens": [t for _, _, t in kept],
@@ -197,3 +189,14 @@ class GRPODatasetBuilder(DatasetBuilder):
             stats.groups["dropped: all rewards equal"] += 1
             return False
         return True
+
+
+def _head(trace: ExecutionTrace, conv: Conversation, first: TraceInfo) -> dict[str, Any]:
+    """The columns every GRPO row starts with, in this order, from its group's first (best) run."""
+    return {
+        "prompt": conv.prompt,
+        "tools": conv.tools,
+        "group_id": first.group_id,
+        **task_columns(trace, conv, first.label),
+        "agent_name": trace.agent_name,
+    }

@@ -88,6 +88,15 @@ def checkpoint_time(path: Path, pickled: Any) -> tuple[str, str | None]:
     return file_time(path) or "", note
 
 
+def dated(
+    path: Path, kind: str, agent: Any, version: str, sessions: list[SessionHistory], pickled_time: Any
+) -> Checkpoint:
+    """A checkpoint read from `path`, its time from `checkpoint_time` (a note when it could not come from
+    where it should): what both readers (`checkpoint_v1`, `checkpoint_v2`) hand back."""
+    timestamp, note = checkpoint_time(path, pickled_time)
+    return Checkpoint(path, kind, str(agent), timestamp, version, sessions, [note] if note else [])
+
+
 def _role(m: Any) -> str:
     return m.get("role", "") if isinstance(m, dict) else ""
 

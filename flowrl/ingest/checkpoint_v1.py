@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from flowrl.errors import IngestError
-from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, checkpoint_time
+from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, dated
 from flowrl.ingest.unpickler import V1Checkpoint
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,4 @@ def read_v1(path: Path, cp: V1Checkpoint) -> Checkpoint:
         if isinstance(conversation, list) and conversation:
             sessions.append(SessionHistory(str(metadata.get("session_id") or "default"), conversation))
     version = str(metadata.get("checkpoint_version") or "1")
-    timestamp, note = checkpoint_time(path, state.get("timestamp"))
-    return Checkpoint(
-        path=path,
-        kind="v1",
-        agent=str(agent),
-        timestamp=timestamp,
-        version=version,
-        sessions=sessions,
-        notes=[note] if note else [],
-    )
+    return dated(path, "v1", agent, version, sessions, state.get("timestamp"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import IngestError
-from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, checkpoint_time
+from flowrl.ingest.checkpoint import Checkpoint, SessionHistory, dated
 from flowrl.ingest.unpickler import V2Checkpoint
 
 log = logging.getLogger(__name__)
@@ -71,13 +71,4 @@ def read_v2(path: Path, cp: V2Checkpoint) -> Checkpoint:
                 str(session.get("session_id") or sid), history, max_history if isinstance(max_history, int) else None
             )
         )
-    timestamp, note = checkpoint_time(path, state.get("timestamp"))
-    return Checkpoint(
-        path=path,
-        kind="v2",
-        agent=str(agent),
-        timestamp=timestamp,
-        version=version,
-        sessions=out,
-        notes=[note] if note else [],
-    )
+    return dated(path, "v2", agent, version, out, state.get("timestamp"))
