@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from flowrl.cli.common import StoreOption, console, err_console, open_store, report_problems
+from flowrl.cli.common import StoreOption, console, err_console, open_store, progress_bar, report_problems
 from flowrl.cli.dataset_options import BuildOptions
 from flowrl.cli.options import config_options
 from flowrl.methods import get_method
@@ -61,17 +61,8 @@ def _unscored(st: TraceStore, filters: DatasetFilter) -> bool:
 
 
 def _with_progress(pipeline, st, out, parquet, overwrite):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     labels = {"read": "reading traces", "write": "writing rows"}
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    ) as progress:
+    with progress_bar(err_console, "{task.description}") as progress:
         tasks: dict[str, int] = {}
 
         def on_progress(phase: str, done: int, total: int | None) -> None:

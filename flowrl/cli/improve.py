@@ -9,24 +9,15 @@ from typing import Any
 
 import typer
 
-from flowrl.cli.common import example_agent
+from flowrl.cli.common import example_agent, progress_bar
 from flowrl.cli.options import config_options
 from flowrl.improve.config import ImproveConfig
 
 
 def _progress_ui():
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    screen = Console(file=sys.stdout, soft_wrap=True)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=screen,
-        transient=True,
-    )
+    progress = progress_bar(Console(file=sys.stdout, soft_wrap=True))
     bars: dict[str, int] = {}
 
     def on_progress(stage: str, done: int, total: int) -> None:

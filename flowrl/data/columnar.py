@@ -27,26 +27,9 @@ if TYPE_CHECKING:
     from flowrl.store.segments.columns import ColumnRows
     from flowrl.trace.row import DecisionRow
 
-# the scalar columns a build reads of each trace; the rows are made from conv_messages, conv_chars, conv_tools
-SCALARS = [
-    "trace_id",
-    "agent_name",
-    "session_id",
-    "source",
-    "label",
-    "label_source",
-    "reward_score",
-    "manual_review",
-    "rewards",
-    "conv_steps",
-    "conv_prompt_end",
-    "conv_key",
-    "conv_synthesized",
-    "conv_tool_calls",
-    "query_key",
-    "group_key",
-    "llm_calls",
-]
+# the scalar columns a build reads of each trace (the decision's, and what its rows and checks need); the rows are
+# made from conv_messages, conv_chars, conv_tools
+SCALARS = [*ROW_COLUMNS, "agent_name", "session_id", "source", "conv_steps", "llm_calls"]
 # what a side record may change for a row to be built from its columns (the rest need the whole trace)
 PATCHABLE = tuple(name for name in FIELDS if name != "trace_id")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
-from flowrl.data.tokens import aligned_calls
+from flowrl.data.tokens import kept_calls
 from flowrl.errors import ConfigError
 from flowrl.trace.conversation import Conversation, fit_trajectory, message_chars
 from flowrl.trace.facts import GUESSED_REFERENCE, reference
@@ -162,9 +162,7 @@ class GRPODatasetBuilder(DatasetBuilder):
                     stats.dropped_too_long += 1
                     continue
                 stats.truncated += 1
-            calls = aligned_calls(trace, len(conv.assistant_indices()))
-            steps = sum(1 for m in completion if m["role"] == "assistant")
-            kept.append((info, completion, [c.to_dict() for c in calls[:steps]] if calls else None))
+            kept.append((info, completion, kept_calls(trace, len(conv.assistant_indices()), completion)))
         if not self._usable([info for info, _, _ in kept], stats):
             return
         rewards = [float(info.reward) for info, _, _ in kept]  # type: ignore[arg-type]

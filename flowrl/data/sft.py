@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
 from flowrl.data.base import BuildStats, DatasetBuilder, Loader, TraceInfo, reward_order
-from flowrl.data.tokens import aligned_calls
+from flowrl.data.tokens import kept_calls
 from flowrl.errors import ConfigError
 from flowrl.trace.conversation import fit_trajectory, message_chars
 
@@ -98,9 +98,8 @@ class SFTDatasetBuilder(DatasetBuilder):
                     stats.dropped_too_long += 1
                     continue
                 stats.truncated += 1
-            calls = aligned_calls(trace, len(conv.assistant_indices()))
-            kept_steps = sum(1 for m in trajectory if m["role"] == "assistant")
-            captured = {"calls": [c.to_dict() for c in calls[:kept_steps]]} if calls else None
+            calls = kept_calls(trace, len(conv.assistant_indices()), trajectory)
+            captured = {"calls": calls} if calls is not None else None
             yield {
                 "messages": conv.prompt + trajectory,
                 "tools": conv.tools,

@@ -344,3 +344,13 @@ def aligned_calls(trace: ExecutionTrace, n_steps: int) -> list[CallTokens] | Non
     if calls is None or len(calls) != n_steps:
         return None
     return calls
+
+
+def kept_calls(trace: ExecutionTrace, n_steps: int, kept: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The captured calls (as dicts) of the assistant turns left in `kept`, a trajectory of `n_steps` turns
+    trimmed from its end to fit a budget (None: no calls aligned to the turns, `aligned_calls`)."""
+    calls = aligned_calls(trace, n_steps)
+    if not calls:
+        return None
+    steps = sum(1 for m in kept if m["role"] == "assistant")
+    return [c.to_dict() for c in calls[:steps]]

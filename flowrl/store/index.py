@@ -237,6 +237,17 @@ def _unlink(path: str | Path) -> None:
         os.unlink(path)
 
 
+def write_synced(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`, fsync it and close it (closed on an error too)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def sync_folder(folder: Path) -> None:
     """fsync a folder, so that names renamed into it survive a power cut. Windows has no folder handle to sync;
     a filesystem that refuses (EINVAL) makes renames as durable as it makes them."""

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 from pydantic import ValidationError
 
-from flowrl.store.index import read_regular_file, real_folder, sync_folder
+from flowrl.store.index import read_regular_file, real_folder, sync_folder, write_synced
 from flowrl.trace.outcomes import HostOutcome
 
 OUTCOMES = ".outcomes"
@@ -49,13 +49,7 @@ def append_outcomes(root: Path, trace_id: str, outcomes: Iterable[HostOutcome]) 
         if exc.errno == errno.ELOOP:
             raise OSError(errno.ELOOP, "a symbolic link in place of an outcomes file, not followed", str(path)) from exc
         raise
-    try:
-        view = memoryview(lines)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(fd, lines)
     if new:
         sync_folder(folder)
     return lines.count(b"\n")

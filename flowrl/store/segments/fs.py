@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.store.index import STAGING, read_regular_file, sync_folder
+from flowrl.store.index import STAGING, read_regular_file, sync_folder, write_synced
 from flowrl.store.segments.names import day_of_partition
 
 Skip = Callable[[str, str], None]
@@ -110,13 +110,7 @@ class Root:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(tmp, flags, 0o644)
         try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_synced(fd, data)
             try:
                 os.link(tmp, path)  # refuses an existing name, unlike os.replace
             except FileExistsError:
