@@ -76,6 +76,8 @@ def improve_cmd(
             stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, fields["seed"]
         )
         cfg = ImproveConfig(out=out, **fields)  # it checks the values and names the allowed ones
+        if cfg.from_store is not None:  # nothing is collected: no train task; with --tasks, every task is held-out
+            train, held_out = [], held_out if agent is None else (held_out + train)[: eval_tasks or None]
         stack.enter_context(progress)
         results = improve(make_agent, train, held_out, grader, cfg, on_stage=on_stage, on_progress=on_progress)
     last = results[-1]

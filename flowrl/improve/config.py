@@ -56,6 +56,12 @@ class ImproveConfig:
     reply_tokens: int = option(
         512, "--reply-tokens", "The most new tokens a policy's reply holds, whatever the agent asks for."
     )
+    from_store: str | None = option(
+        None,
+        "--from-store",
+        "Round 1 trains on the runs already in this store (a path or URL) and collects nothing; each run's verdict "
+        "is its manual label, else the host's outcome, else the rewards. Every task is held-out.",
+    )
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
     # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
@@ -73,5 +79,10 @@ class ImproveConfig:
             raise ImproveError("collecting needs sampling: use a --temperature above 0")
         if self.reply_tokens < 1 or self.reply_tokens >= self.context:
             raise ImproveError(f"--reply-tokens {self.reply_tokens}: use 1 to fewer than --context {self.context}")
+        if self.from_store is not None and self.rounds > 1:
+            raise ImproveError(
+                f"--from-store with --rounds {self.rounds}: later rounds on a store's own queries are not built yet; "
+                "use --rounds 1"
+            )
         if self.context < 256:
             raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")

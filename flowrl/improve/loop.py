@@ -42,6 +42,7 @@ from flowrl.evaluate.results import format_table, summarize, write_eval_json
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
 from flowrl.improve.config import ImproveConfig, ImproveError
+from flowrl.improve.from_store import select_from_store
 from flowrl.methods import get_method, make_builder
 from flowrl.rewards.engine import RewardEngine
 from flowrl.rewards.scoring import score_store
@@ -142,8 +143,12 @@ class Improve:
     def round(self, r: int, base: dict[str, bool]) -> RoundResult:
         folder = self.out / f"round-{r}"
         previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else None
-        collected, right = self.collect(r, previous)
-        datasets = self.select(r)
+        if self.cfg.from_store is not None:
+            datasets = self.select_stored(r)
+            collected, right = 0, datasets["n_right"]
+        else:
+            collected, right = self.collect(r, previous)
+            datasets = self.select(r)
         longest = datasets.get("longest_tokens")
         adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
         if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
@@ -248,6 +253,43 @@ class Improve:
             f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
             f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""),
         )
+        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+
+    def select_stored(self, r: int) -> dict[str, Any]:
+        """Round 1 of `--from-store`: the store's runs, by their verdicts (`flowrl.improve.from_store`)."""
+        folder = self.out / f"round-{r}"
+        marker = folder / "select.json"
+        if marker.exists():
+            reused = json.loads(marker.read_text())
+            self.on_stage("select", f"round {r}: {reused['n_selected']} stored runs selected (reused)")
+            return {k: (folder / v if k in ("selected", "control") else v) for k, v in reused.items()}
+        spec = str(self.cfg.from_store)
+        got = select_from_store(
+            spec,
+            [t.query for t in self.eval_tasks],
+            self.cfg.method,
+            control=self.cfg.control == "unfiltered",
+            seed=self.cfg.seed + r,
+        )
+        self.on_stage("select", f"round {r}: {got.describe(spec, self.cfg.method)}")
+        if not got.chosen or (got.right == 0 and get_method(self.cfg.method).trains_on_right_runs):
+            raise ImproveError(
+                f"round {r}: no stored run in {spec} was judged right, so there is nothing to learn from: record "
+                "outcomes (flowrl traces annotate, record_outcome) or label runs in flowrl review"
+            )
+        done: dict[str, Any] = {
+            "n_selected": len(got.chosen),
+            "n_right": got.right,
+            "n_runs": len(got.traces),
+            "from_store": got.summary(),
+            "longest_tokens": _longest(got.traces),
+            "selected": "data-selected",
+        }
+        self.build(folder / "data-selected", got.chosen)
+        if got.control is not None:
+            self.build(folder / "data-control", got.control, method="sft")
+            done["control"] = "data-control"
+        _write_json(marker, done)
         return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
