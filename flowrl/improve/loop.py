@@ -143,12 +143,10 @@ class Improve:
     def round(self, r: int, base: dict[str, bool]) -> RoundResult:
         folder = self.out / f"round-{r}"
         previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else None
+        collected, right = self.collect(r, previous) if self.cfg.from_store is None else (0, 0)
+        datasets = self.select(r)
         if self.cfg.from_store is not None:
-            datasets = self.select_stored(r)
-            collected, right = 0, datasets["n_right"]
-        else:
-            collected, right = self.collect(r, previous)
-            datasets = self.select(r)
+            right = datasets["n_right"]
         longest = datasets.get("longest_tokens")
         adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
         if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
@@ -203,12 +201,19 @@ class Improve:
 
     # -- 2. score, 3. select ---------------------------------------------------------------------------
     def select(self, r: int) -> dict[str, Any]:
+        """The round's datasets (`selected`, `control`: their folders) and counts, kept in `select.json`: from the
+        runs collected so far, or with `--from-store` from the store's recorded runs."""
         folder = self.out / f"round-{r}"
         marker = folder / "select.json"
         if marker.exists():
-            reused = json.loads(marker.read_text())
-            self.on_stage("select", f"round {r}: {reused['n_selected']} runs selected (reused)")
-            return {k: (folder / v if k in ("selected", "control") else v) for k, v in reused.items()}
+            done = json.loads(marker.read_text())
+            self.on_stage("select", f"round {r}: {done['n_selected']} runs selected (reused)")
+        else:
+            done = self._select_stored(r, folder) if self.cfg.from_store is not None else self._select(r, folder)
+            _write_json(marker, done)
+        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+
+    def _select(self, r: int, folder: Path) -> dict[str, Any]:
         store = self.store()
         with RewardEngine() as engine:
             score_store(store, engine)
@@ -247,22 +252,15 @@ class Improve:
                 t.label = True  # SFT takes every drawn run, right or wrong
             self.build(folder / "data-control", control, method="sft")
             done["control"] = "data-control"
-        _write_json(marker, done)
         self.on_stage(
             "select",
             f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
             f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""),
         )
-        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+        return done
 
-    def select_stored(self, r: int) -> dict[str, Any]:
+    def _select_stored(self, r: int, folder: Path) -> dict[str, Any]:
         """Round 1 of `--from-store`: the store's runs, by their verdicts (`flowrl.improve.from_store`)."""
-        folder = self.out / f"round-{r}"
-        marker = folder / "select.json"
-        if marker.exists():
-            reused = json.loads(marker.read_text())
-            self.on_stage("select", f"round {r}: {reused['n_selected']} stored runs selected (reused)")
-            return {k: (folder / v if k in ("selected", "control") else v) for k, v in reused.items()}
         spec = str(self.cfg.from_store)
         got = select_from_store(
             spec,
@@ -289,8 +287,7 @@ class Improve:
         if got.control is not None:
             self.build(folder / "data-control", got.control, method="sft")
             done["control"] = "data-control"
-        _write_json(marker, done)
-        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
+        return done
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
         method = method or self.cfg.method
