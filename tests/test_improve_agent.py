@@ -6,6 +6,7 @@ round's adapter is served beside the base; nothing is left running afterwards.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,7 +26,7 @@ HERE = Path(__file__).parent
 
 
 def _servers() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "llama-server"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "llama-server"], capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 

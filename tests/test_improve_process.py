@@ -4,6 +4,7 @@ its traces in the stage's store, its failures as failed tasks, and nothing left 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,9 @@ POLICY = Policy(base_url="http://127.0.0.1:9/v1", model="collect-1", temperature
 
 
 def _workers() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "flowrl.improve.worker"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "flowrl.improve.worker"], capture_output=True, text=True
+    ).stdout
     return {int(p) for p in out.split()}
 
 
