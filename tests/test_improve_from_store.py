@@ -74,3 +74,20 @@ def test_from_store_refuses_later_rounds_and_a_store_with_nothing_right(tmp_path
                         from_store=str(store.root), hook_options={"run_methods": ["a_run"]})  # fmt: skip
     with pytest.raises(ImproveError, match="no stored run in .* was judged right"):
         improve(lambda p: ScriptedAgent(p), [], HELD, grade, cfg, policies=FakePolicies())
+
+
+def test_the_baseline_is_the_adapter_in_production_and_unlabelled_runs_can_be_skipped(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "tiny")
+    store = _production_store(tmp_path / "prod")
+    production = tmp_path / "production-adapter"
+    production.mkdir()
+    (production / "adapter_config.json").write_text("{}")  # the fake policies never load it
+    cfg = ImproveConfig(out=tmp_path / "out", base_model=str(model), max_steps=1, from_store=str(store.root),
+                        unlabelled="skip", adapter=str(production),
+                        hook_options={"run_methods": ["a_run"]})  # fmt: skip
+    policies = FakePolicies()
+    (result,) = improve(lambda p: ScriptedAgent(p), [], HELD, grade, cfg, policies=policies)
+    assert policies.served["eval-base"].adapter == production  # compared with what the agent runs today
+    summary = json.loads((tmp_path / "out" / "round-1" / "select.json").read_text())["from_store"]
+    assert summary["verdicts"] == {"host": 4, "manual": 1} and summary["unlabelled"] == 7
+    assert summary["selected"] == 4  # the three the host said were right, and the one labelled good

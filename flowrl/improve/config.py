@@ -62,6 +62,21 @@ class ImproveConfig:
         "Round 1 trains on the runs already in this store (a path or URL) and collects nothing; each run's verdict "
         "is its manual label, else the host's outcome, else the rewards. Every task is held-out.",
     )
+    unlabelled: Literal["rewards", "skip", "learned"] = option(
+        "rewards",
+        "--unlabelled",
+        "With --from-store, the verdict of a run with no manual label and no host outcome: rewards (the reward "
+        "engine's), skip (none: left out), or learned (the learned reward's, fitted on the labelled runs, where "
+        "it is at least --confidence sure).",
+    )
+    confidence: float = option(
+        0.9, "--confidence", "How sure the learned reward must be to propose a label (0.5 to 1).", min=0.5, max=1.0
+    )
+    adapter: str | None = option(
+        None,
+        "--adapter",
+        "The LoRA adapter your agent runs in production: the eval's baseline arm (base) is the base model with it.",
+    )
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
     # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
@@ -84,5 +99,13 @@ class ImproveConfig:
                 f"--from-store with --rounds {self.rounds}: later rounds on a store's own queries are not built yet; "
                 "use --rounds 1"
             )
+        if self.unlabelled not in ("rewards", "skip", "learned"):
+            raise ImproveError(f"--unlabelled {self.unlabelled}: use rewards, skip or learned")
+        if self.unlabelled != "rewards" and self.from_store is None:
+            raise ImproveError(f"--unlabelled {self.unlabelled} goes with --from-store (collected runs are graded)")
+        if not 0.5 <= self.confidence <= 1.0:
+            raise ImproveError(f"--confidence {self.confidence}: use 0.5 to 1")
+        if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
+            raise ImproveError(f"--adapter {self.adapter}: no adapter_config.json there; pass a LoRA adapter's folder")
         if self.context < 256:
             raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")

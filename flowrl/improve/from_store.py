@@ -5,6 +5,14 @@ manual label, then the host's outcome, then what the reward engine judges. The e
 memory: the user's store is read, never written. A run whose query is one of the held-out tasks is left out of
 training (the eval would measure memory), and counted.
 
+A run with neither a manual label nor a host outcome is *unlabelled*; `unlabelled` says what it gets:
+- `rewards` (the default): the reward engine's verdict, the third step of the one rule;
+- `skip`: none; it is left out;
+- `learned`: a proposal of the learned reward (`flowrl.rewards.learned`), fitted on the labelled runs (their
+  verdicts as labels), where its probability is at least `confidence` or at most 1 - `confidence`; the rest are
+  left out. Its agreement with the labels it was not fitted on (about a fifth, chosen by trace id) is measured
+  first, at 0.5 and at the threshold, then it is refitted on every label.
+
 The selection is the method's: SFT (rejection sampling) takes the runs judged right, KTO every run with a verdict.
 The unfiltered control draws as many runs at random from all of them, verdict or not.
 """
@@ -18,6 +26,7 @@ from typing import Any
 
 from flowrl.methods import get_method
 from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.learned import LearnedReward, held_out_label
 from flowrl.rewards.scoring import apply_results
 from flowrl.store.opener import open_store
 from flowrl.trace.facts import label_at, query_key
@@ -26,6 +35,9 @@ from flowrl.trace.schema import ExecutionTrace
 # where a verdict came from (`label_at`'s sources), as the round reports it
 VERDICT_SOURCES = {"manual": "a manual label", "host": "the host's outcome", "threshold": "the rewards"}
 VERDICT_SOURCES["engine"] = VERDICT_SOURCES["threshold"]
+VERDICT_SOURCES["learned"] = "the learned reward's proposals"
+LABELLED = ("manual", "host")  # the verdicts somebody gave; the rest are the engine's
+UNLABELLED = ("rewards", "skip", "learned")  # what a run without a label or an outcome gets (see the docstring)
 
 
 @dataclass
@@ -40,6 +52,8 @@ class StoreSelection:
     held_out: int = 0  # runs of a held-out task's query: not trained on
     verdicts: Counter[str] = field(default_factory=Counter)  # by where the verdict came from
     right: int = 0
+    unlabelled: int = 0  # runs without a manual label or a host outcome
+    learned: dict[str, Any] | None = None  # the learned reward's fit, agreement and proposals (unlabelled="learned")
 
     @property
     def with_verdict(self) -> int:
@@ -54,6 +68,8 @@ class StoreSelection:
             "right": self.right,
             "selected": len(self.chosen),
             "control": len(self.control) if self.control is not None else None,
+            "unlabelled": self.unlabelled,
+            "learned": self.learned,
         }
 
     def describe(self, store: str, method: str) -> str:
@@ -64,6 +80,8 @@ class StoreSelection:
             sources[VERDICT_SOURCES[name]] += n
         said = ", ".join(f"{n} from {where}" for where, n in sources.most_common()) or "none"
         line = f"{self.read} runs in {store}; {self.with_verdict} with a verdict ({said}), {self.right} judged right"
+        if self.learned is not None:
+            line += f"; {_learned_line(self.learned)}"
         line += f"; {len(self.chosen)} in the {method} set"
         reasons = [f"{usable - self.with_verdict} without a verdict"] if usable > self.with_verdict else []
         if get_method(method).trains_on_right_runs and self.with_verdict > self.right:
@@ -78,9 +96,17 @@ class StoreSelection:
 
 
 def select_from_store(
-    spec: str, eval_queries: list[str], method: str, *, control: bool = False, seed: int = 0
+    spec: str,
+    eval_queries: list[str],
+    method: str,
+    *,
+    control: bool = False,
+    seed: int = 0,
+    unlabelled: str = "rewards",
+    confidence: float = 0.9,
 ) -> StoreSelection:
-    """The runs of the store at `spec` (a path or URL), verdicts decided, selected for `method`."""
+    """The runs of the store at `spec` (a path or URL), verdicts decided, selected for `method`; `unlabelled` and
+    `confidence`: see the module docstring."""
     held = {query_key(q) for q in eval_queries}
     got = StoreSelection()
     for trace in open_store(spec).iter_traces():
@@ -89,12 +115,22 @@ def select_from_store(
             got.held_out += 1
         else:
             got.traces.append(trace)
-    _score_in_memory(got.traces)
-    on_right = get_method(method).trains_on_right_runs
+    if unlabelled == "rewards":  # the learned reward computes its own features, without the verdicts
+        _score_in_memory(got.traces)
+    verdicts: list[tuple[ExecutionTrace, bool, str]] = []
+    pending: list[ExecutionTrace] = []
     for trace in got.traces:
         label, source = label_at(trace)
-        if label is None:
-            continue
+        got.unlabelled += source not in LABELLED
+        if source not in LABELLED and unlabelled != "rewards":
+            pending.append(trace)
+        elif label is not None:
+            verdicts.append((trace, label, source))
+    if unlabelled == "learned":
+        got.learned, proposed = _propose([(t, ok) for t, ok, _ in verdicts], pending, confidence)
+        verdicts += [(t, ok, "learned") for t, ok in proposed]
+    on_right = get_method(method).trains_on_right_runs
+    for trace, label, source in verdicts:
         got.verdicts[source] += 1
         got.right += label
         if label or not on_right:
@@ -104,6 +140,66 @@ def select_from_store(
         draw = random.Random(seed + 1).sample(got.traces, k=min(len(got.traces), len(got.chosen)))
         got.control = [t.model_copy(update={"label": True, "label_source": "manual"}) for t in draw]
     return got
+
+
+def _propose(
+    labelled: list[tuple[ExecutionTrace, bool]], pending: list[ExecutionTrace], confidence: float
+) -> tuple[dict[str, Any], list[tuple[ExecutionTrace, bool]]]:
+    """The learned reward fitted on the labelled runs: its agreement on the labels held out of a first fit, then,
+    refitted on all of them, its confident proposals for `pending` ((trace, label) pairs)."""
+    originals = pending
+    as_labels = [_unjudged(t).model_copy(update={"label": ok, "label_source": "manual"}) for t, ok in labelled]
+    pending = [_unjudged(t) for t in pending]
+    fit_part = [t for t in as_labels if not held_out_label(t.trace_id)]
+    test_part = [t for t in as_labels if held_out_label(t.trace_id)]
+    info: dict[str, Any] = {"confidence": confidence, "labels": len(as_labels), "unlabelled": len(pending)}
+    first = LearnedReward(holdout=0.0)
+    if first.fit(fit_part).trained and test_part:
+        scored = [(first.probability(t), t) for t in test_part]
+        sure = [(pi, t) for pi, t in scored if max(pi, 1 - pi) >= confidence]
+        info.update(
+            held_out=len(test_part),
+            agreement=sum((pi >= 0.5) == t.label for pi, t in scored) / len(test_part),
+            held_out_confident=len(sure),
+            confident_agreement=(sum((pi >= 0.5) == t.label for pi, t in sure) / len(sure)) if sure else None,
+        )
+    model = LearnedReward(holdout=0.0)
+    report = model.fit(as_labels)
+    if not report.trained:
+        info["reason"] = report.reason
+        return info, []
+    proposed = []
+    for trace, bare in zip(originals, pending, strict=True):
+        p = model.probability(bare)
+        if max(p, 1 - p) >= confidence:
+            proposed.append((trace, p >= 0.5))
+    info.update(proposed_right=sum(ok for _, ok in proposed), proposed_wrong=sum(not ok for _, ok in proposed))
+    return info, proposed
+
+
+def _unjudged(trace: ExecutionTrace) -> ExecutionTrace:
+    """The run as the learned reward reads it: without the host's outcomes and the rewards scored with them (the
+    task-completion reward takes the host's success as its verdict), so a labelled run shows it no more of its
+    verdict than an unlabelled one; the cheap rewards are computed again on this copy."""
+    return trace.model_copy(update={"outcomes": [], "rewards": {}, "reward_score": None, "label": None})
+
+
+def _learned_line(info: dict[str, Any]) -> str:
+    if "reason" in info:
+        return f"no proposal for the {info['unlabelled']} unlabelled runs: {info['reason']}"
+    said = f"the learned reward, fitted on {info['labels']} labelled runs"
+    if "agreement" in info:
+        sure = info["confident_agreement"]
+        said += (
+            f" (held-out agreement {info['agreement']:.0%} on {info['held_out']}; "
+            + (f"{sure:.0%} on the {info['held_out_confident']} it was sure of" if sure is not None else "sure of none")
+            + ")"
+        )
+    left = info["unlabelled"] - info["proposed_right"] - info["proposed_wrong"]
+    return (
+        f"{said}, proposed {info['proposed_right']} right and {info['proposed_wrong']} wrong of "
+        f"{info['unlabelled']} unlabelled runs at confidence {info['confidence']} ({left} not sure)"
+    )
 
 
 def _score_in_memory(traces: list[ExecutionTrace]) -> None:

@@ -268,6 +268,8 @@ class Improve:
             self.cfg.method,
             control=self.cfg.control == "unfiltered",
             seed=self.cfg.seed + r,
+            unlabelled=self.cfg.unlabelled,
+            confidence=self.cfg.confidence,
         )
         self.on_stage("select", f"round {r}: {got.describe(spec, self.cfg.method)}")
         if not got.chosen or (got.right == 0 and get_method(self.cfg.method).trains_on_right_runs):
@@ -381,7 +383,7 @@ class Improve:
         if path.exists():
             self.on_stage("eval", "base: outcomes already measured (reused)")
             return json.loads(path.read_text())
-        outcomes = self._eval_arm("base", None)
+        outcomes = self._eval_arm("base", Path(self.cfg.adapter) if self.cfg.adapter else None)
         _write_json(path, outcomes)
         right = sum(outcomes.values())
         self.on_stage("eval", f"base: {right} of {len(outcomes)} held-out tasks right")

@@ -174,7 +174,7 @@ class LearnedReward(Reward):
             self.last_fit = report
             return report
         x, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
-        test = np.array([_bucket(i) < self.holdout for i in ids])
+        test = np.array([held_out_label(i, self.holdout) for i in ids])
         if test.sum() >= 1 and len(set(y[~test].tolist())) == 2:
             mean, std, w, b = self._solve(x[~test], y[~test])
             pred = (1.0 / (1.0 + np.exp(-(((x[test] - mean) / std) @ w + b)))) >= 0.5
@@ -240,6 +240,11 @@ class LearnedReward(Reward):
             self.probability(trace),
             {"n_labels": self.state.get("n_labels"), "heldout_accuracy": self.state.get("heldout_accuracy")},
         )
+
+
+def held_out_label(trace_id: str, share: float = 0.2) -> bool:
+    """Whether a label is one of the `share` that a fit holds out to measure itself (the same ones every time)."""
+    return _bucket(trace_id) < share
 
 
 def _bucket(trace_id: str) -> float:
