@@ -114,7 +114,8 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
         on_stage("engine", f"{server.engine} at {server.url}")
         # 1. the ceiling: improve with references; its base and round-1 arms are the two production models
         ceiling = out / "ceiling"
-        (ceiling_result,) = improve(agents, train, held_out, example_grade, config(ceiling, method="sft", samples=args.samples),
+        with_references = config(ceiling, method="sft", samples=args.samples)
+        (ceiling_result,) = improve(agents, train, held_out, example_grade, with_references,
                                     on_stage=on_stage, policies=Prefixed(server, "ceiling"))  # fmt: skip
         ceiling_eval = read_eval_json(ceiling_result.eval_path)
         report["ceiling"] = {"eval": str(ceiling_result.eval_path), "arms": ceiling_eval["arms"]}
