@@ -58,10 +58,10 @@ class Prefixed:
 
 
 def _json(path: Path, data: Any) -> None:
+    from flowrl.store.files import atomic_write_bytes
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode())
 
 
 def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
@@ -106,15 +106,14 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
     print(f"{os.cpu_count()} cores, load average {[round(x, 2) for x in os.getloadavg()]}", flush=True)
     report: dict[str, Any] = {"args": vars(args), "cells": {}}
 
-    def config(folder: Path, **fields: Any) -> Any:
-        return ImproveConfig(out=folder, base_model=model, epochs=args.epochs, seed=args.seed,
-                             concurrency=args.concurrency, slots=args.concurrency, **fields)  # fmt: skip
+    common = dict(base_model=model, epochs=args.epochs, seed=args.seed, concurrency=args.concurrency,
+                  slots=args.concurrency)  # fmt: skip
 
     with ExampleAgents() as agents, PolicyServer(model, workdir=out, slots=args.concurrency) as server:
         on_stage("engine", f"{server.engine} at {server.url}")
         # 1. the ceiling: improve with references; its base and round-1 arms are the two production models
         ceiling = out / "ceiling"
-        with_references = config(ceiling, method="sft", samples=args.samples)
+        with_references = ImproveConfig(out=ceiling, method="sft", samples=args.samples, **common)
         (ceiling_result,) = improve(agents, train, held_out, example_grade, with_references,
                                     on_stage=on_stage, policies=Prefixed(server, "ceiling"))  # fmt: skip
         ceiling_eval = read_eval_json(ceiling_result.eval_path)
@@ -130,9 +129,8 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
             for flip in flips:
                 cell = folder / f"flip-{round(flip * 100):02d}"
                 store = _feedback(folder / "stream", cell / "store", truth, args.outcomes, flip, args.seed)
-                cfg = dict(adapter=str(adapter) if adapter else None, base_model=model, epochs=args.epochs,
-                           seed=args.seed, concurrency=args.concurrency, slots=args.concurrency, method=args.method,
-                           confidence=args.confidence, from_store=str(store))  # fmt: skip
+                cfg = dict(adapter=str(adapter) if adapter else None, method=args.method, confidence=args.confidence,
+                           from_store=str(store), **common)  # fmt: skip
                 result = _cell(cell, arms, baseline, held_out, cfg, agents, server, on_stage)
                 report["cells"][f"{scenario}/{cell.name}"] = result
                 _json(out / "bench.json", report)

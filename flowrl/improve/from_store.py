@@ -37,7 +37,6 @@ VERDICT_SOURCES = {"manual": "a manual label", "host": "the host's outcome", "th
 VERDICT_SOURCES["engine"] = VERDICT_SOURCES["threshold"]
 VERDICT_SOURCES["learned"] = "the learned reward's proposals"
 LABELLED = ("manual", "host")  # the verdicts somebody gave; the rest are the engine's
-UNLABELLED = ("rewards", "skip", "learned")  # what a run without a label or an outcome gets (see the docstring)
 
 
 @dataclass
