@@ -79,9 +79,7 @@ def test_from_store_refuses_later_rounds_and_a_store_with_nothing_right(tmp_path
 def test_the_baseline_is_the_adapter_in_production_and_unlabelled_runs_can_be_skipped(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny")
     store = _production_store(tmp_path / "prod")
-    production = tmp_path / "production-adapter"
-    production.mkdir()
-    (production / "adapter_config.json").write_text("{}")  # the fake policies never load it
+    production = _lora_of(model, tmp_path / "production-adapter")
     cfg = ImproveConfig(out=tmp_path / "out", base_model=str(model), max_steps=1, from_store=str(store.root),
                         unlabelled="skip", adapter=str(production),
                         hook_options={"run_methods": ["a_run"]})  # fmt: skip
@@ -91,3 +89,16 @@ def test_the_baseline_is_the_adapter_in_production_and_unlabelled_runs_can_be_sk
     summary = json.loads((tmp_path / "out" / "round-1" / "select.json").read_text())["from_store"]
     assert summary["verdicts"] == {"host": 4, "manual": 1} and summary["unlabelled"] == 7
     assert summary["selected"] == 4  # the three the host said were right, and the one labelled good
+    # the production model improved: training went on from its adapter, not from a new one on the base model
+    record = json.loads((result.adapter / "flowrl_train.json").read_text())
+    assert record["result"]["info"]["init_adapter"]["path"] == str(production)
+
+
+def _lora_of(model: Path, out: Path) -> Path:
+    """A LoRA adapter of the tiny model, as a deployment would run it (rank 4: not the training default)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(model), lora).save_pretrained(out)
+    return out

@@ -308,6 +308,7 @@ class Improve:
             dataset=dataset,
             base_model=self.cfg.base_model,
             output_dir=out,
+            init_adapter=Path(self.cfg.adapter) if self.cfg.adapter else None,  # the deployed model, improved
             max_steps=self.cfg.max_steps or -1,
             num_train_epochs=self.cfg.epochs,
             learning_rate=self.cfg.learning_rate,

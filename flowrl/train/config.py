@@ -53,6 +53,12 @@ class TrainingConfig(_Strict):
     output_dir: Path | None = flag(
         None, "--output-dir -o", "Where adapter, checkpoints, metrics and card go (default out/train-METHOD)."
     )
+    init_adapter: Path | None = flag(
+        None,
+        "--init-adapter",
+        "A LoRA adapter of the base model to start from: training goes on from its weights (its rank, alpha and "
+        "modules), so the result is that model improved, not a new adapter beside it.",
+    )
 
     # length of the run and checkpoints
     max_steps: int = flag(-1, "--max-steps", "Stop after this many optimizer steps (default: one epoch).")
@@ -200,6 +206,8 @@ class TrainingConfig(_Strict):
             raise ValueError(f"use_vllm: vLLM generates GRPO completions; {self.method} does not generate")
         if self.dataset is None and self.agent is None:
             raise ValueError("dataset: give a dataset (or, for --method grpo, an agent whose tasks to train on)")
+        if self.init_adapter is not None and not self.lora.enabled:
+            raise ValueError("init_adapter: a LoRA adapter to start from needs lora.enabled (full training has none)")
         return self
 
     @property

@@ -17,7 +17,7 @@ import logging
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from flowrl.train.data_io import LoadedData, check_for_method, load_dataset_dir
 from flowrl.train.hardware import HardwareInfo, RunSettings, choose_profile, detect_hardware, resolve_settings
 from flowrl.train.offline_grpo import COMPLETION_COLUMNS, find_column, group_size
 from flowrl.train.trainers import build_trl_trainer
+from flowrl.train.warm_start import load_adapter_weights, lora_shape
 from flowrl.version import __version__
 
 log = logging.getLogger(__name__)
@@ -228,8 +229,10 @@ class RLTrainer:
             data = load_dataset_dir(config.dataset)
         self.data = data
         check_for_method(self.data, config.method)
-        self.config = self._with_group_size(config)
+        self.config, shape_note = lora_shape(self._with_group_size(config))
         self.settings: RunSettings = resolve_settings(self.config, self.hardware)
+        if shape_note:
+            self.settings = replace(self.settings, notes=(*self.settings.notes, shape_note))
         self.model = model or resolve_model(config.base_model)
         if self.model.adapter:
             raise ConfigError(
@@ -277,6 +280,9 @@ class RLTrainer:
                 f"cannot load model {self.model.path}: {str(exc).splitlines()[0]} "
                 f"(pass a local model folder, or the embedded default `{DEFAULT_MODEL}`)"
             ) from exc
+        if self.config.init_adapter is not None:  # before train() creates the optimizer
+            tensors = load_adapter_weights(self.trainer.model, self.config.init_adapter)
+            self.info["init_adapter"] = {"path": str(self.config.init_adapter), "tensors": tensors}
         return self.trainer
 
     def train(self) -> TrainResult:
