@@ -57,7 +57,8 @@ def test_training_goes_on_from_the_adapter_weights(tiny: Path, tmp_path: Path) -
     saved = json.loads((went_on / "adapter_config.json").read_text())
     assert (saved["r"], saved["lora_alpha"]) == (8, 16)
     record = json.loads((went_on / "flowrl_train.json").read_text())
-    assert record["result"]["info"]["init_adapter"]["tensors"] == len(load_file(str(deployed / "adapter_model.safetensors")))
+    loaded = record["result"]["info"]["init_adapter"]["tensors"]
+    assert loaded == len(load_file(str(deployed / "adapter_model.safetensors")))
 
 
 def test_a_folder_that_is_no_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
