@@ -73,6 +73,7 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
     parser.add_argument("--flips", default="0,0.05,0.1", help="shares of recorded outcomes flipped")
     parser.add_argument("--arms", default="labelled,proposals,control")
     parser.add_argument("--confidence", type=float, default=0.9)
+    parser.add_argument("--check-outcomes", default="engine", choices=("engine", "off"))
     parser.add_argument("--method", default="sft")
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -130,7 +131,7 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
                 cell = folder / f"flip-{round(flip * 100):02d}"
                 store = _feedback(folder / "stream", cell / "store", truth, args.outcomes, flip, args.seed)
                 cfg = dict(adapter=str(adapter) if adapter else None, method=args.method, confidence=args.confidence,
-                           from_store=str(store), **common)  # fmt: skip
+                           check_outcomes=args.check_outcomes, from_store=str(store), **common)  # fmt: skip
                 result = _cell(cell, arms, baseline, held_out, cfg, agents, server, on_stage)
                 report["cells"][f"{scenario}/{cell.name}"] = result
                 _json(out / "bench.json", report)
@@ -238,6 +239,7 @@ class _UserRun:
 def _feedback(stream: Path, store: Path, truth: dict[str, bool], share: float, flip: float, seed: int) -> Path:
     """A copy of the stream's store where the host recorded an outcome for `share` of the runs, `flip` of those
     outcomes wrong; the same runs get an outcome at every noise level, and the flipped ones are nested."""
+    from flowrl.improve.from_store import contradiction
     from flowrl.store.files import TraceStore
 
     marker = store.parent / "feedback.json"
@@ -253,10 +255,14 @@ def _feedback(stream: Path, store: Path, truth: dict[str, bool], share: float, f
     target = TraceStore(store)
     for trace_id in told:
         target.record_outcome(trace_id, success=truth[trace_id] != (trace_id in flipped))
-    said_right = sum(truth[t] != (t in flipped) for t in told)
-    _json(marker, {"told": len(told), "flipped": len(flipped), "said_right": said_right,
+    said_right = [t for t in told if truth[t] != (t in flipped)]
+    # how the engine's check (improve's --check-outcomes engine) reads the runs the host said were right
+    doubted = {t.trace_id for t in target.iter_traces() if t.trace_id in set(said_right) and contradiction(t)}
+    _json(marker, {"told": len(told), "flipped": len(flipped), "said_right": len(said_right),
                    "truly_right_told": sum(truth[t] for t in told),
-                   "false_right": sum((not truth[t]) and t in flipped for t in told)})  # fmt: skip
+                   "false_right": sum((not truth[t]) and t in flipped for t in told),
+                   "contradicted": {"truly_right": sum(truth[t] for t in doubted),
+                                    "truly_wrong": sum(not truth[t] for t in doubted)}})  # fmt: skip
     return store
 
 

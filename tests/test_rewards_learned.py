@@ -125,3 +125,22 @@ def test_error_answer_feature_is_the_trace_rule(answer, flagged):
     trace = make_trace(7, True)
     trace.final_response = answer
     assert dict(zip(FEATURES, LearnedReward().features(trace)))["error_answer"] == flagged
+
+
+
+def test_balanced_classes_let_a_rare_good_kind_reach_confidence():
+    """Right runs are rare in production: 6 good among 99 labels, their answers long, as are 3 of the bad ones.
+    Unweighted, a long answer is good 6 times in 9, never 0.9 sure; with balanced classes each class weighs the
+    same, and the long answers cross 0.9 (what `improve --from-store --unlabelled learned` proposes from)."""
+
+    def run(i: int, good: bool, long: bool) -> ExecutionTrace:
+        text = ("a long and careful answer " * 6) if long else "no"
+        return ExecutionTrace(trace_id=f"b{i:03d}", user_query="q", final_response=text, label=good,
+                              label_source="manual", manual_review=True)  # fmt: skip
+
+    traces = [run(i, True, True) for i in range(6)] + [run(10 + i, False, True) for i in range(3)]
+    traces += [run(100 + i, False, False) for i in range(90)]
+    probe = run(999, False, True)
+    plain, balanced = LearnedReward(holdout=0.0), LearnedReward(holdout=0.0, balanced=True)
+    assert plain.fit(traces).trained and balanced.fit(traces).trained
+    assert plain.probability(probe) < 0.75 < 0.9 <= balanced.probability(probe)

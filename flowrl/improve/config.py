@@ -72,10 +72,17 @@ class ImproveConfig:
     confidence: float = option(
         0.9, "--confidence", "How sure the learned reward must be to propose a label (0.5 to 1).", min=0.5, max=1.0
     )
+    check_outcomes: Literal["engine", "off"] = option(
+        "engine",
+        "--check-outcomes",
+        "With --from-store: engine leaves out a host's 'right' that its run contradicts (an error answer, every "
+        "tool call failed, an answer without what its last tool returned); off takes every host outcome as it is.",
+    )
     adapter: str | None = option(
         None,
         "--adapter",
-        "The LoRA adapter your agent runs in production: the eval's baseline arm (base) is the base model with it.",
+        "The LoRA adapter your agent runs in production: the eval's baseline arm is the base model with it, and "
+        "training goes on from its weights.",
     )
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
@@ -101,6 +108,8 @@ class ImproveConfig:
             )
         if self.unlabelled not in ("rewards", "skip", "learned"):
             raise ImproveError(f"--unlabelled {self.unlabelled}: use rewards, skip or learned")
+        if self.check_outcomes not in ("engine", "off"):
+            raise ImproveError(f"--check-outcomes {self.check_outcomes}: use engine or off")
         if self.unlabelled != "rewards" and self.from_store is None:
             raise ImproveError(f"--unlabelled {self.unlabelled} goes with --from-store (collected runs are graded)")
         if not 0.5 <= self.confidence <= 1.0:

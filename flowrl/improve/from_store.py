@@ -13,6 +13,11 @@ A run with neither a manual label nor a host outcome is *unlabelled*; `unlabelle
   left out. Its agreement with the labels it was not fitted on (about a fifth, chosen by trace id) is measured
   first, at 0.5 and at the threshold, then it is refitted on every label.
 
+A host's outcome is feedback from an app, and some of it is wrong. With `check_outcomes="engine"` (the default) a
+host's "right" that the run itself contradicts is left out and counted (`contradiction`): the answer is an error,
+every tool call failed, or the answer carries none of what its last tool returned (`flowrl.rewards.grounding`). A
+manual label is taken as it is, and a host's "wrong" too (no reference-free check can say a run was right).
+
 The selection is the method's: SFT (rejection sampling) takes the runs judged right, KTO every run with a verdict.
 The unfiltered control draws as many runs at random from all of them, verdict or not.
 """
@@ -26,10 +31,12 @@ from typing import Any
 
 from flowrl.methods import get_method
 from flowrl.rewards.engine import RewardEngine
+from flowrl.rewards.grounding import GroundingReward
 from flowrl.rewards.learned import LearnedReward, held_out_label
 from flowrl.rewards.scoring import apply_results
+from flowrl.rewards.tool_success import ToolSuccessReward
 from flowrl.store.opener import open_store
-from flowrl.trace.facts import label_at, query_key
+from flowrl.trace.facts import answer_text, error_answer, label_at, query_key
 from flowrl.trace.schema import ExecutionTrace
 
 # where a verdict came from (`label_at`'s sources), as the round reports it
@@ -37,6 +44,7 @@ VERDICT_SOURCES = {"manual": "a manual label", "host": "the host's outcome", "th
 VERDICT_SOURCES["engine"] = VERDICT_SOURCES["threshold"]
 VERDICT_SOURCES["learned"] = "the learned reward's proposals"
 LABELLED = ("manual", "host")  # the verdicts somebody gave; the rest are the engine's
+CHECKS = ("engine", "off")  # check_outcomes: question a host's "right" with the engine, or take it as it is
 
 
 @dataclass
@@ -52,6 +60,7 @@ class StoreSelection:
     verdicts: Counter[str] = field(default_factory=Counter)  # by where the verdict came from
     right: int = 0
     unlabelled: int = 0  # runs without a manual label or a host outcome
+    contradicted: Counter[str] = field(default_factory=Counter)  # host "right"s left out, by the run's contradiction
     learned: dict[str, Any] | None = None  # the learned reward's fit, agreement and proposals (unlabelled="learned")
 
     @property
@@ -68,6 +77,7 @@ class StoreSelection:
             "selected": len(self.chosen),
             "control": len(self.control) if self.control is not None else None,
             "unlabelled": self.unlabelled,
+            "contradicted": dict(self.contradicted),
             "learned": self.learned,
         }
 
@@ -82,7 +92,12 @@ class StoreSelection:
         if self.learned is not None:
             line += f"; {_learned_line(self.learned)}"
         line += f"; {len(self.chosen)} in the {method} set"
-        reasons = [f"{usable - self.with_verdict} without a verdict"] if usable > self.with_verdict else []
+        doubted = sum(self.contradicted.values())
+        without = usable - self.with_verdict - doubted
+        reasons = [f"{without} without a verdict"] if without > 0 else []
+        if doubted:
+            why = ", ".join(f"{n} {CONTRADICTIONS[k]}" for k, n in self.contradicted.most_common())
+            reasons.append(f"{doubted} the host said were right, contradicted by the run ({why})")
         if get_method(method).trains_on_right_runs and self.with_verdict > self.right:
             reasons.append(f"{self.with_verdict - self.right} judged wrong")
         if self.held_out:
@@ -103,9 +118,10 @@ def select_from_store(
     seed: int = 0,
     unlabelled: str = "rewards",
     confidence: float = 0.9,
+    check_outcomes: str = "engine",
 ) -> StoreSelection:
-    """The runs of the store at `spec` (a path or URL), verdicts decided, selected for `method`; `unlabelled` and
-    `confidence`: see the module docstring."""
+    """The runs of the store at `spec` (a path or URL), verdicts decided, selected for `method`; `unlabelled`,
+    `confidence` and `check_outcomes`: see the module docstring."""
     held = {query_key(q) for q in eval_queries}
     got = StoreSelection()
     for trace in open_store(spec).iter_traces():
@@ -123,6 +139,8 @@ def select_from_store(
         got.unlabelled += source not in LABELLED
         if source not in LABELLED and unlabelled != "rewards":
             pending.append(trace)
+        elif label and source == "host" and check_outcomes == "engine" and (doubt := contradiction(trace)):
+            got.contradicted[doubt] += 1
         elif label is not None:
             verdicts.append((trace, label, source))
     if unlabelled == "learned":
@@ -152,17 +170,22 @@ def _propose(
     fit_part = [t for t in as_labels if not held_out_label(t.trace_id)]
     test_part = [t for t in as_labels if held_out_label(t.trace_id)]
     info: dict[str, Any] = {"confidence": confidence, "labels": len(as_labels), "unlabelled": len(pending)}
-    first = LearnedReward(holdout=0.0)
+    # balanced classes: right runs are rare in production, and an unweighted fit never becomes sure of one
+    first = LearnedReward(holdout=0.0, balanced=True)
     if first.fit(fit_part).trained and test_part:
         scored = [(first.probability(t), t) for t in test_part]
         sure = [(pi, t) for pi, t in scored if max(pi, 1 - pi) >= confidence]
+        sure_right = [t for pi, t in sure if pi >= 0.5]
         info.update(
             held_out=len(test_part),
             agreement=sum((pi >= 0.5) == t.label for pi, t in scored) / len(test_part),
             held_out_confident=len(sure),
             confident_agreement=(sum((pi >= 0.5) == t.label for pi, t in sure) / len(sure)) if sure else None,
+            # of the held-out runs it was sure were right, how many the labels say were: the proposals' precision
+            held_out_sure_right=len(sure_right),
+            sure_right_precision=(sum(bool(t.label) for t in sure_right) / len(sure_right)) if sure_right else None,
         )
-    model = LearnedReward(holdout=0.0)
+    model = LearnedReward(holdout=0.0, balanced=True)
     report = model.fit(as_labels)
     if not report.trained:
         info["reason"] = report.reason
@@ -174,6 +197,25 @@ def _propose(
             proposed.append((trace, p >= 0.5))
     info.update(proposed_right=sum(ok for _, ok in proposed), proposed_wrong=sum(not ok for _, ok in proposed))
     return info, proposed
+
+
+CONTRADICTIONS = {
+    "error_answer": "an error answer",
+    "tools_failed": "every tool call failed",
+    "ungrounded": "the answer carries none of what its last tool returned",
+}
+
+
+def contradiction(trace: ExecutionTrace) -> str | None:
+    """Why the run itself says it did not succeed (a key of CONTRADICTIONS), None when nothing does; read from
+    the run alone, without the host's outcome or any reference."""
+    if error_answer(answer_text(trace)):
+        return "error_answer"
+    if ToolSuccessReward().safe_score(trace).value == 0.0:
+        return "tools_failed"
+    if GroundingReward().safe_score(trace).value == 0.0:
+        return "ungrounded"
+    return None
 
 
 def _unjudged(trace: ExecutionTrace) -> ExecutionTrace:
@@ -189,11 +231,13 @@ def _learned_line(info: dict[str, Any]) -> str:
     said = f"the learned reward, fitted on {info['labels']} labelled runs"
     if "agreement" in info:
         sure = info["confident_agreement"]
-        said += (
-            f" (held-out agreement {info['agreement']:.0%} on {info['held_out']}; "
-            + (f"{sure:.0%} on the {info['held_out_confident']} it was sure of" if sure is not None else "sure of none")
-            + ")"
+        said += f" (held-out agreement {info['agreement']:.0%} on {info['held_out']}; " + (
+            f"{sure:.0%} on the {info['held_out_confident']} it was sure of" if sure is not None else "sure of none"
         )
+        precision = info["sure_right_precision"]
+        if precision is not None:
+            said += f"; {precision:.0%} of the {info['held_out_sure_right']} it was sure were right were"
+        said += ")"
     left = info["unlabelled"] - info["proposed_right"] - info["proposed_wrong"]
     return (
         f"{said}, proposed {info['proposed_right']} right and {info['proposed_wrong']} wrong of "

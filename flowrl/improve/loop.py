@@ -270,6 +270,7 @@ class Improve:
             seed=self.cfg.seed + r,
             unlabelled=self.cfg.unlabelled,
             confidence=self.cfg.confidence,
+            check_outcomes=self.cfg.check_outcomes,
         )
         self.on_stage("select", f"round {r}: {got.describe(spec, self.cfg.method)}")
         if not got.chosen or (got.right == 0 and get_method(self.cfg.method).trains_on_right_runs):

@@ -98,6 +98,7 @@ REGISTRY: dict[str, RegisteredReward] = {
     "host_outcome": RegisteredReward("flowrl.rewards.host_outcome:HostOutcomeReward", 40.0),
     "learned": RegisteredReward("flowrl.rewards.learned:LearnedReward", 1.0, enabled=False),
     "judge": RegisteredReward("flowrl.rewards.judge:LLMJudgeReward", 1.0, enabled=False),
+    "grounding": RegisteredReward("flowrl.rewards.grounding:GroundingReward", 1.0, enabled=False),
 }
 BUILTIN_REWARDS: tuple[str, ...] = tuple(REGISTRY)
 DEFAULT_WEIGHTS: dict[str, float] = {name: entry.weight for name, entry in REGISTRY.items() if entry.enabled}

@@ -30,6 +30,7 @@ from flowrl.errors import ConfigError, require
 from flowrl.rewards.base import Reward, RewardResult
 from flowrl.rewards.efficiency import EfficiencyReward
 from flowrl.rewards.format import FormatComplianceReward
+from flowrl.rewards.grounding import GroundingReward
 from flowrl.rewards.syntax import SyntaxValidationReward
 from flowrl.rewards.task_completion import TaskCompletionReward
 from flowrl.rewards.tool_success import ToolSuccessReward
@@ -41,7 +42,7 @@ from flowrl.trace.schema import ExecutionTrace
 log = logging.getLogger(__name__)
 
 FORMAT_TAG = "flowrl-learned-reward"
-FEATURE_REWARDS = ("code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format")
+FEATURE_REWARDS = ("code_execution", "syntax", "tool_success", "task_completion", "efficiency", "format", "grounding")
 COUNT_FEATURES = (
     "log_tool_calls",
     "failed_call_share",
@@ -80,11 +81,13 @@ class LearnedReward(Reward):
         holdout: float = 0.2,
         retrain: bool = True,
         feature_rewards: dict[str, Reward] | None = None,
+        balanced: bool = False,
     ) -> None:
         self.model_path = Path(model).expanduser() if model else None
         self.min_labels, self.min_per_class = min_labels, min_per_class
         self.l2, self.holdout, self.retrain = l2, holdout, retrain
         self._feature_rewards = feature_rewards
+        self.balanced = balanced
         self.state: dict[str, Any] | None = None
         self.last_fit: FitReport | None = None
         if self.model_path is not None and self.model_path.is_file():
@@ -99,6 +102,7 @@ class LearnedReward(Reward):
                 "task_completion": TaskCompletionReward(),
                 "efficiency": EfficiencyReward(),
                 "format": FormatComplianceReward(),
+                "grounding": GroundingReward(),
             }
         return self._feature_rewards
 
@@ -138,6 +142,12 @@ class LearnedReward(Reward):
 
     def _solve(self, x: Any, y: Any) -> tuple[Any, Any, Any, float]:
         np = require("numpy")
+        # balanced: each class weighs as much as the other in the loss (n / (2 n_class) a label), so a rare class
+        # gets probabilities near 1 where the features say so, instead of being outvoted by the common one
+        s = np.ones(len(y))
+        if self.balanced:
+            n_good = float(y.sum())
+            s = np.where(y >= 0.5, len(y) / (2 * max(n_good, 1.0)), len(y) / (2 * max(len(y) - n_good, 1.0)))
         mean = x.mean(axis=0)
         std = x.std(axis=0)
         std[std < 1e-9] = 1.0
@@ -147,8 +157,8 @@ class LearnedReward(Reward):
         reg[-1] = 0.0  # the bias is not shrunk
         for _ in range(50):
             p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
-            grad = z.T @ (p - y) + reg * w
-            hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg) + 1e-9 * np.eye(z.shape[1])
+            grad = z.T @ (s * (p - y)) + reg * w
+            hess = (z * (s * p * (1 - p))[:, None]).T @ z + np.diag(reg) + 1e-9 * np.eye(z.shape[1])
             step = np.linalg.solve(hess, grad)
             w -= step
             if float(np.abs(step).max()) < 1e-8:
