@@ -1,6 +1,6 @@
 """Noisy host feedback in `flowrl improve --from-store`: a host's "right" that the run itself contradicts is left out
-and counted (`--check-outcomes engine`, the default), and the learned reward (grounding among its features, balanced classes) proposes
-the rare right runs among the unlabelled ones instead of only the common wrong ones.
+and counted (`--check-outcomes engine`, the default), and the learned reward (grounding among its features,
+balanced classes) proposes the rare right runs among the unlabelled ones instead of only the common wrong ones.
 
 Reproduces the production benchmark's failure (docs/results/production-2026-12-06): 20 of the 43 runs the host
 said were right were wrong answers, all trained on; and the learned reward proposed 0 right of 1,050."""
