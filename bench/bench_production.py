@@ -20,6 +20,9 @@
    - `proposals`: `unlabelled="learned"`: plus the learned reward's confident proposals (`--confidence`);
    - `control`: as many runs drawn at random from all of the store's (the loop's unfiltered control);
    - `rewards` (on request): `unlabelled="rewards"`, the command's default, the reward engine's verdicts.
+   - `kto` (on request): `--method kto` on every labelled run, right and wrong, class weights from the data.
+   Every arm checks the host's outcomes against the runs (`--check-outcomes`, default `engine`), and trains on from
+   the scenario's production adapter (`--adapter`).
    Each cell's `DIR/<scenario>/flip-<pct>/eval.json` pairs every arm with the production model on the same tasks
    (Wilson intervals, McNemar's exact test); `flowrl.evaluate.results.verify` recomputes it.
 
@@ -44,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TARGET_P, TARGET_FLIP, TARGET_SCENARIO = 0.01, 0.05, "weak"
-ARMS = ("labelled", "proposals", "control", "rewards")
+ARMS = ("labelled", "proposals", "control", "rewards", "kto")
 
 
 class Prefixed:
@@ -158,13 +161,16 @@ def _cell(cell: Path, arms: list[str], baseline: dict[str, bool], held_out: list
     per_arm: dict[str, dict[str, bool]] = {"production": baseline}
     selections: dict[str, Any] = {}
     control = "unfiltered" if "control" in arms else None  # the control trains beside the labelled arm
-    runs = {"labelled": ("skip", control), "proposals": ("learned", None), "rewards": ("rewards", None)}
+    runs = {"labelled": ("skip", control), "proposals": ("learned", None), "rewards": ("rewards", None),
+            "kto": ("skip", None)}  # fmt: skip
     for arm, (unlabelled, with_control) in runs.items():
         if arm not in arms and not (arm == "labelled" and with_control):
             continue
         arm_out = cell / arm
         _json(arm_out / "base-outcomes.json", baseline)  # measured once, reused (the loop's resume file)
-        config = ImproveConfig(out=arm_out, unlabelled=unlabelled, control=with_control, **cfg)
+        # the kto arm: every labelled run, right and wrong, with the data's class weights (flowrl.data.kto)
+        arm_cfg = {**cfg, "method": "kto"} if arm == "kto" else cfg
+        config = ImproveConfig(out=arm_out, unlabelled=unlabelled, control=with_control, **arm_cfg)
         policies = Prefixed(server, f"{cell.parent.name}/{cell.name}/{arm}")
         (result,) = improve(agents, [], held_out, example_grade, config, on_stage=on_stage, policies=policies)
         data = read_eval_json(result.eval_path)
