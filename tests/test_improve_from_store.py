@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("trl")
 
 from helpers_tiny_train import build_tiny_model  # noqa: E402
-from test_improve import HELD, FakePolicies, ScriptedAgent, grade  # noqa: E402
+from test_improve import HELD, TRAIN, FakePolicies, ScriptedAgent, grade  # noqa: E402
 
 from flowrl.evaluate.results import verify  # noqa: E402
 from flowrl.improve.loop import ImproveConfig, ImproveError, improve  # noqa: E402
@@ -102,3 +102,17 @@ def _lora_of(model: Path, out: Path) -> Path:
     lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
     get_peft_model(AutoModelForCausalLM.from_pretrained(model), lora).save_pretrained(out)
     return out
+
+
+def test_with_references_the_production_adapter_collects_and_is_trained_on(tmp_path: Path) -> None:
+    """`--adapter` without `--from-store`: round 1 collects with what runs today and trains that adapter further
+    (before, it collected with the base model and trained a new adapter beside it)."""
+    model = build_tiny_model(tmp_path / "tiny")
+    production = _lora_of(model, tmp_path / "production-adapter")
+    cfg = ImproveConfig(out=tmp_path / "out", base_model=str(model), max_steps=1, samples=1, adapter=str(production),
+                        hook_options={"run_methods": ["a_run"]})  # fmt: skip
+    policies = FakePolicies()
+    (result,) = improve(lambda p: ScriptedAgent(p), TRAIN, HELD, grade, cfg, policies=policies)
+    assert policies.served["collect-1"].adapter == production
+    record = json.loads((result.adapter / "flowrl_train.json").read_text())
+    assert record["result"]["info"]["init_adapter"]["path"] == str(production)

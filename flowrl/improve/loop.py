@@ -6,15 +6,16 @@ sampling fixed), so the agent's own code loads no model.
 
 Each round r:
 1. **collect**: the agent runs every train task `samples` times at `temperature` > 0 with the current policy
-   (the base model in round 1, round r-1's adapter after), hooked, into the store `out/traces`; each run is
-   graded by `grade` as it ends, and its trace gets its task's reference answer and task key (the host knows
+   (the base model in round 1, or the production `adapter` when given; round r-1's adapter after), hooked, into
+   the store `out/traces`; each run is graded by `grade` as it ends, and its trace gets its task's reference answer and task key (the host knows
    them); the verdicts are kept in `out/round-<r>/collect.json`;
 2. **score**: the reward engine scores the round's traces (secondary rewards, for reports);
 3. **select**: rejection sampling (STaR / ReST-EM) on exactly `grade`'s verdicts: the runs graded right in
    every round so far become an SFT set (`--method kto`: every run, labelled by its verdict);
    `control="unfiltered"` also builds an SFT set of as many runs drawn from all of them, right or wrong, so
    learning from the reward can be told apart from learning the format;
-4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far;
+4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far (from
+   the production `adapter`'s weights when given: `flowrl train --init-adapter`);
 5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
    greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
    McNemar's exact test against the base (`flowrl.evaluate.results`); `out/round-<r>/rewards.json` each reward's
@@ -142,7 +143,9 @@ class Improve:
 
     def round(self, r: int, base: dict[str, bool]) -> RoundResult:
         folder = self.out / f"round-{r}"
-        previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else None
+        # round 1 collects with what runs today: the production adapter when there is one
+        production = Path(self.cfg.adapter) if self.cfg.adapter else None
+        previous = self.out / f"round-{r - 1}" / "adapter" if r > 1 else production
         collected, right = self.collect(r, previous) if self.cfg.from_store is None else (0, 0)
         datasets = self.select(r)
         if self.cfg.from_store is not None:
