@@ -7,8 +7,8 @@ sampling fixed), so the agent's own code loads no model.
 Each round r:
 1. **collect**: the agent runs every train task `samples` times at `temperature` > 0 with the current policy
    (the base model in round 1, or the production `adapter` when given; round r-1's adapter after), hooked, into
-   the store `out/traces`; each run is graded by `grade` as it ends, and its trace gets its task's reference answer and task key (the host knows
-   them); the verdicts are kept in `out/round-<r>/collect.json`;
+   the store `out/traces`; each run is graded by `grade` as it ends, and its trace gets its task's reference
+   answer and task key (the host knows them); the verdicts are kept in `out/round-<r>/collect.json`;
 2. **score**: the reward engine scores the round's traces (secondary rewards, for reports);
 3. **select**: rejection sampling (STaR / ReST-EM) on exactly `grade`'s verdicts: the runs graded right in
    every round so far become an SFT set (`--method kto`: every run, labelled by its verdict);
