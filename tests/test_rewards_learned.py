@@ -127,7 +127,6 @@ def test_error_answer_feature_is_the_trace_rule(answer, flagged):
     assert dict(zip(FEATURES, LearnedReward().features(trace)))["error_answer"] == flagged
 
 
-
 def test_balanced_classes_let_a_rare_good_kind_reach_confidence():
     """Right runs are rare in production: 6 good among 99 labels, their answers long, as are 3 of the bad ones.
     Unweighted, a long answer is good 6 times in 9, never 0.9 sure; with balanced classes each class weighs the
