@@ -57,6 +57,7 @@ from flowrl.store.index import (
     atomic_write_bytes,
     clean_staging,
     day_dirs,
+    is_url,
     open_lock,
     put_files,
     read_regular_file,
@@ -274,6 +275,11 @@ class TraceStore(ProblemRecords, OutcomeRecords):
     _next_clean: float = field(default=0.0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if is_url(self.root):  # Path("s3://b/t") is a local folder "s3:": the traces would land on this disk
+            raise ConfigError(
+                f"{self.root}: TraceStore is a local folder; open a URL with flowrl.store.open_store(URL) "
+                "(the segment store), or pass --store URL to a command"
+            )
         self.root = Path(self.root).expanduser()
         self._index = TraceIndex(self.root)
         self._tidy()  # leftovers of a crash are cleaned when the store is opened

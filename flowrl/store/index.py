@@ -61,6 +61,13 @@ Skip = Callable[[Path, str], None]
 """Told of each entry a listing passes over: its path and a message that names it and says what to do."""
 
 
+def is_url(spec: str | os.PathLike[str]) -> bool:
+    """A URL with a scheme other than `file` (`s3://`, `memory://`, `gs://`): not a local folder."""
+    text = os.fspath(spec)
+    scheme, sep, _rest = text.partition("://")
+    return bool(sep) and len(scheme) > 1 and scheme.isascii() and scheme.replace("+", "").isalnum() and scheme != "file"
+
+
 def valid_day(name: str) -> bool:
     """`YYYY-MM-DD` naming a date that exists (not `2026-13-45`, `2024-02-30` or `0000-01-01`)."""
     if not DATE_DIR.match(name):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowrl.errors import ConfigError
 from flowrl.store.files import TraceStore, default_root
-from flowrl.store.segments.fs import is_url
+from flowrl.store.index import is_url
 
 if TYPE_CHECKING:
     from flowrl.store.segments.store import SegmentStore

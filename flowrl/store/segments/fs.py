@@ -23,18 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.store.index import STAGING, read_regular_file, sync_folder, write_synced
+from flowrl.store.index import STAGING, is_url, read_regular_file, sync_folder, write_synced
 from flowrl.store.segments.names import day_of_partition
 
 Skip = Callable[[str, str], None]
 """Told of each entry a listing passes over: its location and a message naming it and what to do."""
-
-
-def is_url(spec: str | os.PathLike[str]) -> bool:
-    """A URL with a scheme other than `file` (`s3://`, `memory://`, `gs://`): not a local folder."""
-    text = os.fspath(spec)
-    scheme, sep, _rest = text.partition("://")
-    return bool(sep) and len(scheme) > 1 and scheme.isascii() and scheme.replace("+", "").isalnum() and scheme != "file"
 
 
 class RootURL(str):
