@@ -49,9 +49,9 @@ def test_a_host_right_that_the_run_contradicts_is_left_out_and_counted(tmp_path:
     taken = select_from_store(str(store.root), [], "sft", unlabelled="skip", check_outcomes="off")
     assert {t.trace_id for t in taken.chosen} >= flipped and taken.right == 12  # before: every flipped run trained on
     assert not {t.trace_id for t in checked.chosen} & flipped and checked.right == 6
-    assert checked.contradicted == {"ungrounded": 6}
+    assert checked.contradicted == {"unfounded_answer": 6}
     line = checked.describe("prod", "sft")
-    assert "6 the host said were right, contradicted by the run (6 the answer carries none of what its last" in line
+    assert "6 the host said were right, contradicted by the run (6 an answer with a number from neither" in line
     assert "60 without a verdict" in line  # the unlabelled ones, not the contradicted ones
 
 

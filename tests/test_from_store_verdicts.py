@@ -11,7 +11,7 @@ import pytest
 from flowrl.improve.config import ImproveConfig, ImproveError
 from flowrl.improve.from_store import select_from_store
 from flowrl.store.files import TraceStore
-from flowrl.trace.schema import ExecutionTrace
+from flowrl.trace.schema import ExecutionTrace, ToolCallTrace
 
 
 def _answer(i: int, right: bool) -> str:
@@ -26,7 +26,8 @@ def _store(root: Path, labelled: int = 40, unlabelled: int = 20) -> TraceStore:
     store = TraceStore(root)
     for i in range(labelled + unlabelled):
         right = i % 3 == 0
-        store.write(ExecutionTrace(trace_id=f"run-{i:03d}", user_query=f"What is {i} times 3?",
+        calc = [ToolCallTrace(tool_name="calc", arguments={"code": f"{i} * 3"}, result=str(3 * i))] if right else []
+        store.write(ExecutionTrace(trace_id=f"run-{i:03d}", user_query=f"What is {i} times 3?", tool_calls=calc,
                                    final_response=_answer(i, right)))  # fmt: skip
         if i < labelled:
             store.record_outcome(f"run-{i:03d}", success=right)

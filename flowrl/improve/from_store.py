@@ -202,7 +202,10 @@ def _propose(
 CONTRADICTIONS = {
     "error_answer": "an error answer",
     "tools_failed": "every tool call failed",
-    "ungrounded": "the answer carries none of what its last tool returned",
+    # flowrl.rewards.grounding's failures
+    "unfounded_input": "a tool given a number from neither the query nor a tool",
+    "unfounded_answer": "an answer with a number from neither the query nor a tool",
+    "ignores_tool": "an answer without what its last tool returned",
 }
 
 
@@ -213,8 +216,9 @@ def contradiction(trace: ExecutionTrace) -> str | None:
         return "error_answer"
     if ToolSuccessReward().safe_score(trace).value == 0.0:
         return "tools_failed"
-    if GroundingReward().safe_score(trace).value == 0.0:
-        return "ungrounded"
+    grounding = GroundingReward().safe_score(trace)
+    if grounding.value == 0.0:
+        return str(grounding.details["failed"])
     return None
 
 
