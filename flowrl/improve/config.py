@@ -76,7 +76,8 @@ class ImproveConfig:
         "engine",
         "--check-outcomes",
         "With --from-store: engine leaves out a host's 'right' that its run contradicts (an error answer, every "
-        "tool call failed, an answer without what its last tool returned); off takes every host outcome as it is.",
+        "tool call failed, a number from neither the query nor a tool, an answer without its last tool's value); "
+        "off takes every host outcome as it is.",
     )
     adapter: str | None = option(
         None,

@@ -15,8 +15,9 @@ A run with neither a manual label nor a host outcome is *unlabelled*; `unlabelle
 
 A host's outcome is feedback from an app, and some of it is wrong. With `check_outcomes="engine"` (the default) a
 host's "right" that the run itself contradicts is left out and counted (`contradiction`): the answer is an error,
-every tool call failed, or the answer carries none of what its last tool returned (`flowrl.rewards.grounding`). A
-manual label is taken as it is, and a host's "wrong" too (no reference-free check can say a run was right).
+every tool call failed, or the run is not grounded (`flowrl.rewards.grounding`: a number it used or stated came
+from neither the query nor a tool, or the answer does not carry what its last tool returned). A manual label is
+taken as it is, and a host's "wrong" too (no reference-free check can say a run was right).
 
 The selection is the method's: SFT (rejection sampling) takes the runs judged right, KTO every run with a verdict.
 The unfiltered control draws as many runs at random from all of them, verdict or not.
