@@ -158,3 +158,22 @@ def test_the_published_grpo_vs_sft_figures_recompute(name: str, arms: dict[str, 
     assert verify(data) == []
     assert {arm: v["successes"] for arm, v in data["arms"].items()} == arms
     assert all(v["n"] == 150 for v in data["arms"].values())
+
+
+@pytest.mark.parametrize(
+    ("cell", "arms", "p_labelled"),
+    [
+        ("00", {"production": 25, "labelled": 93, "control": 15}, 1.2e-19),
+        ("05", {"production": 25, "labelled": 95, "control": 21, "proposals": 94}, 3.1e-20),
+        ("10", {"production": 25, "labelled": 66, "control": 27}, 1.0e-11),
+    ],
+)
+def test_the_published_production_figures_recompute(cell: str, arms: dict[str, int], p_labelled: float) -> None:
+    """docs/results/production-2026-12-07 (issue 36): each noise level's arms and the labelled arm's McNemar p, as
+    the README and docs/benchmarks.md give them, recompute from the per-task outcomes."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "results" / "production-2026-12-07" / f"eval-flip{cell}.json"
+    data = read_eval_json(path)
+    assert verify(data) == []
+    assert {arm: v["successes"] for arm, v in data["arms"].items()} == arms
+    (labelled,) = [c for c in data["comparisons"] if c["b"] == "labelled"]
+    assert labelled["mcnemar_p"] == pytest.approx(p_labelled, rel=0.05)
