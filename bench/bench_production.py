@@ -142,7 +142,7 @@ def main() -> int:  # noqa: PLR0915 - one stage after another, each printed
     report["stages"] = on_stage.stages
     target = report["cells"].get(f"{TARGET_SCENARIO}/flip-{round(TARGET_FLIP * 100):02d}")
     if target is not None:
-        met = {c["b"]: c["mcnemar_p"] < TARGET_P and c["difference"] > 0 for c in target["comparisons"]}
+        met = {c["b"]: c["mcnemar_p"] < TARGET_P and c["diff"] > 0 for c in target["comparisons"]}
         report["target"] = met
         print(f"\ntarget (weak, 5% flipped, p < 0.01 above production): {met}")
     print(f"{on_stage.elapsed / 60:.1f} min in all")

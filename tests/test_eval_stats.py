@@ -177,3 +177,13 @@ def test_the_published_production_figures_recompute(cell: str, arms: dict[str, i
     assert {arm: v["successes"] for arm, v in data["arms"].items()} == arms
     (labelled,) = [c for c in data["comparisons"] if c["b"] == "labelled"]
     assert labelled["mcnemar_p"] == pytest.approx(p_labelled, rel=0.05)
+
+
+def test_the_published_check_ablation_recomputes() -> None:
+    """docs/results/production-2026-12-07: the 5% cell trained with and without `--check-outcomes`, paired."""
+    path = Path(__file__).resolve().parents[1] / "docs/results/production-2026-12-07/eval-flip05-check-off.json"
+    data = read_eval_json(path)
+    assert verify(data) == []
+    assert {arm: v["successes"] for arm, v in data["arms"].items()} == {"unchecked": 64, "checked": 95, "production": 25}
+    (checked,) = [c for c in data["comparisons"] if c["b"] == "checked"]
+    assert checked["mcnemar_p"] == pytest.approx(9.3e-10, rel=0.05) and checked["only_a"] == 0
