@@ -184,6 +184,7 @@ def test_the_published_check_ablation_recomputes() -> None:
     path = Path(__file__).resolve().parents[1] / "docs/results/production-2026-12-07/eval-flip05-check-off.json"
     data = read_eval_json(path)
     assert verify(data) == []
-    assert {arm: v["successes"] for arm, v in data["arms"].items()} == {"unchecked": 64, "checked": 95, "production": 25}
+    successes = {arm: v["successes"] for arm, v in data["arms"].items()}
+    assert successes == {"unchecked": 64, "checked": 95, "production": 25}
     (checked,) = [c for c in data["comparisons"] if c["b"] == "checked"]
     assert checked["mcnemar_p"] == pytest.approx(9.3e-10, rel=0.05) and checked["only_a"] == 0
