@@ -188,3 +188,13 @@ def test_the_published_check_ablation_recomputes() -> None:
     assert successes == {"unchecked": 64, "checked": 95, "production": 25}
     (checked,) = [c for c in data["comparisons"] if c["b"] == "checked"]
     assert checked["mcnemar_p"] == pytest.approx(9.3e-10, rel=0.05) and checked["only_a"] == 0
+
+
+def test_the_published_base_scenario_recomputes() -> None:
+    """docs/results/production-2026-12-07: the base model in production, 5% flipped."""
+    path = Path(__file__).resolve().parents[1] / "docs/results/production-2026-12-07/eval-base-flip05.json"
+    data = read_eval_json(path)
+    assert verify(data) == []
+    assert {arm: v["successes"] for arm, v in data["arms"].items()} == {"production": 4, "labelled": 21, "control": 7}
+    (labelled,) = [c for c in data["comparisons"] if c["b"] == "labelled"]
+    assert labelled["mcnemar_p"] == pytest.approx(7.6e-5, rel=0.05)
