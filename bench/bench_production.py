@@ -263,7 +263,8 @@ def _feedback(stream: Path, store: Path, truth: dict[str, bool], share: float, f
         target.record_outcome(trace_id, success=truth[trace_id] != (trace_id in flipped))
     said_right = [t for t in told if truth[t] != (t in flipped)]
     # how the engine's check (improve's --check-outcomes engine) reads the runs the host said were right
-    doubted = {t.trace_id for t in target.iter_traces() if t.trace_id in set(said_right) and contradiction(t)}
+    asked = set(said_right)
+    doubted = {t.trace_id for t in target.iter_traces() if t.trace_id in asked and contradiction(t)}
     _json(marker, {"told": len(told), "flipped": len(flipped), "said_right": len(said_right),
                    "truly_right_told": sum(truth[t] for t in told),
                    "false_right": sum((not truth[t]) and t in flipped for t in told),

@@ -45,7 +45,6 @@ VERDICT_SOURCES = {"manual": "a manual label", "host": "the host's outcome", "th
 VERDICT_SOURCES["engine"] = VERDICT_SOURCES["threshold"]
 VERDICT_SOURCES["learned"] = "the learned reward's proposals"
 LABELLED = ("manual", "host")  # the verdicts somebody gave; the rest are the engine's
-CHECKS = ("engine", "off")  # check_outcomes: question a host's "right" with the engine, or take it as it is
 
 
 @dataclass

@@ -34,20 +34,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowrl.rewards.base import Reward, RewardResult
-from flowrl.rewards.reference import answer_matches
+from flowrl.rewards.reference import THOUSANDS, answer_matches
 from flowrl.rewards.views import answer_text, tool_calls
 from flowrl.trace.schema import ExecutionTrace
 
 VALUE_KEYS = ("output", "result", "value", "answer")
 MAX_PARSED_CHARS = 20_000  # a longer dict text is not parsed (its value would be too long to repeat anyway)
-FAILURES = ("unfounded_input", "unfounded_answer", "ignores_tool")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")  # unsigned: "5 - 3" and "-3" both read 3
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
 
 def numbers(text: Any) -> set[float]:
     """The numbers written in `text`, as values (thousands separators dropped; digits inside words ignored)."""
-    clean = _THOUSANDS.sub("", str(text or ""))
+    clean = THOUSANDS.sub("", str(text or ""))
     return {float(n) for n in _NUMBER.findall(clean)}
 
 

@@ -18,7 +18,7 @@ from flowrl.rewards.views import answer_text
 from flowrl.trace.facts import REFERENCE_KEYS, reference
 from flowrl.trace.schema import ExecutionTrace
 
-__all__ = ["REFERENCE_KEYS", "ReferenceAnswerReward", "answer_matches", "reference_of"]
+__all__ = ["REFERENCE_KEYS", "THOUSANDS", "ReferenceAnswerReward", "answer_matches", "reference_of"]
 
 
 def reference_of(trace: ExecutionTrace) -> str | None:
@@ -26,10 +26,13 @@ def reference_of(trace: ExecutionTrace) -> str | None:
     return reference(trace).answer
 
 
+THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")  # "1,024": a thousands separator, dropped before numbers compare
+
+
 def answer_matches(expected: str, answer: str) -> bool:
     """`expected` appears in `answer` as a whole word or number (case-insensitive)."""
-    norm_answer = re.sub(r"(?<=\d),(?=\d{3}\b)", "", (answer or "").lower())
-    norm_expected = re.sub(r"(?<=\d),(?=\d{3}\b)", "", expected.strip().lower())
+    norm_answer = THOUSANDS.sub("", (answer or "").lower())
+    norm_expected = THOUSANDS.sub("", expected.strip().lower())
     if not norm_expected:
         return False
     # an integer reference also matches its ".0" spelling ("84.0"), never another number ("84.5", "841")
