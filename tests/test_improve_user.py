@@ -73,3 +73,9 @@ def test_user_objects_load_from_a_module_or_a_file(tmp_path: Path) -> None:
         load_object("no_such_module_5c1e:f", "--agent")
     with pytest.raises(ConfigError, match="has no callable 'NOT_CALLABLE'"):
         load_object(f"{tmp_path / 'my_agent.py'}:NOT_CALLABLE", "--agent")
+
+
+def test_default_grade_is_the_reference_rewards_strict_rule() -> None:
+    task = Task("t", "What is 12 * 7?", "84")
+    assert default_grade(task, "12 * 7 = 84") and default_grade(task, "It is 84.0")
+    assert not default_grade(task, "84 or 85") and not default_grade(task, "84. Actually, 85.")

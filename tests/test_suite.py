@@ -158,7 +158,47 @@ def test_grade_accepts_a_float_spelling_of_an_integer_answer() -> None:
     assert not grade(Task("t", "q", "84", "calc"), "84.05")
 
 
-@pytest.mark.parametrize("text", ["84", "The answer is 84.", "841", "84.0", "", "It is 8 4"])
+@pytest.mark.parametrize(
+    ("expected", "text", "why"),
+    [
+        ("84", "84 or 85", "offers candidates"),
+        ("85", "84 or 85", "offers candidates"),
+        ("84", "It is 84/85.", "offers candidates"),
+        ("Lima", "The capital of Peru is Lima or Quito.", "offers candidates"),
+        ("84", "between 80 and 84", "offers a range"),
+        ("84", "84 to 86", "offers a range"),
+        ("84", "84, 85, 86", "lists candidates"),
+        ("85", "Maybe 84, 85", "lists candidates"),
+        ("2142", "2520 + 6026 + 2142 = 10240\n10240 = 2142\n\nThe answer is 2142.", "contradicts itself"),
+        ("84", "The answer is 84. No, the answer is 85.", "contradicts itself"),
+        ("84", "84. Actually, 85.", "corrects itself"),
+        ("85", "84. Actually, 85.", "corrects itself"),
+    ],
+)
+def test_grade_refuses_an_answer_that_hedges_or_contradicts_itself(expected: str, text: str, why: str) -> None:
+    from flowrl.rewards.reference import hedge
+
+    assert not grade(Task("t", "q", expected, "calc"), text)
+    assert hedge(expected, text) == why
+
+
+@pytest.mark.parametrize(
+    ("expected", "text"),
+    [
+        ("3318", "56 * 72 + 122 = 3108 + 122 = 3318."),  # working shown step by step
+        ("102", "The atomic number of carbon is 6, and 6 * 17 = 102."),  # the looked-up value beside the result
+        ("1225", "55 * 57 - 371 = 2255 - 371 = 1225."),
+        ("9200", "530 * 16 = 9200\n\nThe answer is 9200."),
+        ("84", "Wait, 12 * 7 = 84"),
+        ("84", "The result: 84, not 85"),
+        ("25125", "{'success': True, 'output': '25125', 'error': None}"),
+    ],
+)
+def test_grade_accepts_one_committed_answer_with_its_working(expected: str, text: str) -> None:
+    assert grade(Task("t", "q", expected, "calc"), text)
+
+
+@pytest.mark.parametrize("text", ["84", "The answer is 84.", "841", "84.0", "", "It is 8 4", "84 or 85", "84, 85"])
 def test_grade_agrees_with_the_reference_answer_reward(text: str) -> None:
     from flowrl.rewards.reference import ReferenceAnswerReward
     from flowrl.trace.schema import ExecutionTrace

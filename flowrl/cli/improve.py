@@ -54,7 +54,7 @@ def improve_cmd(
     grade: str | None = typer.Option(
         None,
         "--grade",
-        help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number.",
+        help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number, unhedged.",
     ),
     train_tasks: int | None = typer.Option(
         None, "--train-tasks", min=1, help="Train tasks each round (default: 200; with --tasks, the rest)."

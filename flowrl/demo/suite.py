@@ -23,7 +23,8 @@ Tasks of different kinds are not compared otherwise (a multi-step task on carbon
 calc task with the same numbers: it needs a lookup first).
 
 **Grading.** `grade(task, text)` is `flowrl.rewards.reference.answer_matches`, the rule of the
-`reference_answer` reward, so a task's success in eval and its reward agree.
+`reference_answer` reward, so a task's success in eval and its reward agree. It is strict: an answer that offers
+several candidates ("84 or 85") or contradicts itself is wrong (`flowrl.rewards.reference.hedge`).
 
 **References on traces.** `flowrl.demo.tasks.annotate(store, tasks)` records each task's answer on the traces
 of its query (`annotate(store, suite())` for the whole suite); `flowrl improve` annotates its own runs by
@@ -74,7 +75,8 @@ class SuiteTask(Task):
 
 def grade(task: Any, answer: str | None) -> bool:
     """Is `answer` right for `task`? The reference_answer reward's rule: the task's answer appears in the text
-    as a whole word or number ("The answer is 84." passes for 84, "841" does not)."""
+    as a whole word or number ("The answer is 84." passes for 84, "841" does not), and the answer commits to it
+    ("84 or 85" fails)."""
     return answer_matches(str(task.answer), answer or "")
 
 

@@ -3,8 +3,7 @@
 * `FILE`: JSONL, one task a line, `{"task_id": ..., "query": ..., "answer": ...}` (ids unique, strings).
 * `split_tasks`: held-out and train tasks with no overlap, by a seeded hash of each task id, so the split does
   not depend on the file's order and a task never moves between them when others are added.
-* `default_grade`: right when the reference answer occurs in the agent's answer as a whole word or number
-  (case and surrounding punctuation ignored; `4` is not found in `42` or `4.5`).
+* `default_grade`: the `reference_answer` reward's strict rule (`flowrl.rewards.reference.answer_matches`).
 * `load_object("pkg.module:name")` or `"path/to/file.py:name"`: the factory (`factory(policy) -> agent`, the agent
   with `async a_run(query, session_id=...)` or `run(query)`) and the grade (`grade(task, answer) -> bool`).
 """
@@ -14,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
+from flowrl.rewards.reference import answer_matches
 
 
 @dataclass(frozen=True)
@@ -72,12 +71,9 @@ def split_tasks(
 
 
 def default_grade(task: Any, answer: str) -> bool:
-    """The reference answer occurs in `answer` as a whole word or number."""
-    wanted = str(task.answer).strip()
-    if not wanted:
-        return False
-    pattern = r"(?<![\w.])" + re.escape(wanted) + r"(?![\w]|[.,]\d)"
-    return re.search(pattern, str(answer), flags=re.IGNORECASE) is not None
+    """The reference answer occurs in `answer` as a whole word or number, and the answer commits to it: the
+    `reference_answer` reward's rule (`flowrl.rewards.reference.answer_matches`)."""
+    return answer_matches(str(task.answer), str(answer))
 
 
 def load_object(spec: str, what: str) -> Any:
