@@ -93,6 +93,11 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
     assert policies.served["collect-1"].temperature == cfg.temperature and policies.served["collect-1"].adapter is None
     assert policies.served["eval-round-1"].adapter == result.adapter and policies.served["eval-base"].temperature == 0
     _check_secondary(tmp_path / "out", list(data["arms"]))
+    trained = json.loads((result.eval_path.parent / "train.json").read_text())  # eval.json's neighbour: the budget
+    assert set(trained) == {"round-1/adapter", "round-1/control-adapter"}
+    assert trained["round-1/adapter"]["rows"] == 4 and trained["round-1/adapter"]["effective_batch_size"] == 4
+    assert trained["round-1/adapter"]["steps"] == trained["round-1/adapter"]["steps_taken"] == 1  # --max-steps 1
+    assert any(s == "train" and "1 steps of 4 rows" in m for s, m in stages), stages
     stages.clear()
     improve(
         lambda p: ScriptedAgent(p),

@@ -15,7 +15,8 @@ Each round r:
    `control="unfiltered"` also builds an SFT set of as many runs drawn from all of them, right or wrong, so
    learning from the reward can be told apart from learning the format;
 4. **train**: a LoRA adapter on the base model (`flowrl train`), from scratch each round on the set so far (from
-   the production `adapter`'s weights when given: `flowrl train --init-adapter`);
+   the production `adapter`'s weights when given: `flowrl train --init-adapter`), for the steps and rows a step
+   that the set's size gives on any machine (`flowrl.improve.budget`), recorded in `out/round-<r>/train.json`;
 5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
    greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
    McNemar's exact test against the base (`flowrl.evaluate.results`); `out/round-<r>/rewards.json` each reward's
@@ -42,6 +43,7 @@ from flowrl.evaluate.agent import run_tasks
 from flowrl.evaluate.results import format_table, summarize, write_eval_json
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
+from flowrl.improve.budget import round_budget
 from flowrl.improve.config import ImproveConfig, ImproveError
 from flowrl.improve.from_store import select_from_store
 from flowrl.methods import get_method, make_builder
@@ -304,29 +306,47 @@ class Improve:
 
     # -- 4. train --------------------------------------------------------------------------------------
     def train(self, out: Path, dataset: Path, method: str, longest: int | None = None) -> Path:
+        """A LoRA adapter in `out` on the set in `dataset`, for the steps `round_budget` gives its size; what it
+        took goes into `train.json` beside the round's eval.json."""
+        name = out.relative_to(self.out).as_posix()
         if (out / "adapter_config.json").exists():
-            self.on_stage("train", f"{out.relative_to(self.out)} already trained (reused)")
+            self.on_stage("train", f"{name} already trained (reused)")
             return out
+        budget = round_budget(_rows(dataset), self.cfg.epochs, self.cfg.max_steps)
+        options = dict(self.cfg.train_options)
+        if "gradient_accumulation_steps" not in options:  # a user's own accumulation decides the batch
+            options.setdefault("effective_batch_size", budget.effective_batch)
         cfg = TrainingConfig(
             method=method,
             dataset=dataset,
             base_model=self.cfg.base_model,
             output_dir=out,
             init_adapter=Path(self.cfg.adapter) if self.cfg.adapter else None,  # the deployed model, improved
-            max_steps=self.cfg.max_steps or -1,
-            num_train_epochs=self.cfg.epochs,
+            max_steps=budget.steps,
             learning_rate=self.cfg.learning_rate,
             max_length=self.max_length(longest),
             progress_bar=False,
             overwrite=True,
             seed=self.cfg.seed,
-            **self.cfg.train_options,
+            **options,
         )
         result = TrainingPipeline(cfg).run()
+        settings = result.settings
+        record = {
+            **budget.to_dict(),
+            "steps_taken": result.global_step,
+            "effective_batch_size": settings.get("effective_batch_size"),
+            "per_device_train_batch_size": settings.get("per_device_train_batch_size"),
+            "gradient_accumulation_steps": settings.get("gradient_accumulation_steps"),
+            "profile": settings.get("profile"),
+            "learning_rate": cfg.resolved_learning_rate,
+            "train_seconds": round(result.train_seconds, 1),
+            "loss": result.last_metrics.get("loss"),
+        }
+        _merge_json(out.parent / "train.json", {name: record})
         self.on_stage(
             "train",
-            f"{out.relative_to(self.out)}: {result.global_step} steps, "
-            f"loss {result.last_metrics.get('loss', float('nan')):.3f}",
+            f"{name}: {budget.describe()}, loss {result.last_metrics.get('loss', float('nan')):.3f}",
         )
         return out
 
@@ -417,6 +437,17 @@ class Improve:
         write_rewards_json(path, data)
         for line in format_rewards(data):
             self.on_stage("rewards", line)
+
+
+def _rows(dataset: Path) -> int:
+    """Rows in a dataset folder's train split, as its card counts them."""
+    card = json.loads((dataset / "flowrl_dataset.json").read_text(encoding="utf-8"))
+    return int(card["counts"]["train"])
+
+
+def _merge_json(path: Path, entries: dict[str, Any]) -> None:
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    _write_json(path, {**data, **entries})
 
 
 def _longest(traces: list[Any]) -> int | None:

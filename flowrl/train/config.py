@@ -83,6 +83,13 @@ class TrainingConfig(_Strict):
     gradient_accumulation_steps: int | None = flag(
         None, "--grad-accum", "Gradient accumulation steps (default: hardware profile).", ge=1
     )
+    effective_batch_size: int | None = flag(
+        None,
+        "--effective-batch",
+        "Rows per optimizer step on any machine: the profile splits it into batch x accumulation, so a CPU and a "
+        "GPU take the same steps (default: the profile's batch x accumulation).",
+        ge=1,
+    )
     num_generations: int | None = flag(
         None, "--num-generations", "GRPO completions per prompt (default: hardware profile).", ge=2
     )

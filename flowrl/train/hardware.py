@@ -13,7 +13,8 @@ gradient accumulation, generations per prompt, precision, lengths, gradient chec
 
 QLoRA (4-bit base) is on by default on GPUs with bf16 when bitsandbytes is installed.
 
-Any value set in `TrainingConfig` wins over the profile.
+Any value set in `TrainingConfig` wins over the profile. `effective_batch_size` fixes the rows per optimizer step on
+every machine: the profile's batch (or a smaller divisor) per device, accumulation making up the rest.
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         if config.gradient_checkpointing is None and not checkpointing:
             checkpointing = True
             notes.append(f"max_length {max_length} > {prof.max_length}: activation checkpointing on (memory)")
+    if config.effective_batch_size is not None:
+        batch, accumulation = _split_batch(config, batch, world, spec.encoding_spec.min_batch_rows)
     if spec.is_grpo:
         if config.num_generations is None:
             generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
@@ -282,6 +285,34 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         world_size=world,
         notes=tuple(notes),
     )
+
+
+def _split_batch(config: Any, batch: int, world: int, smallest: int) -> tuple[int, int]:
+    """(batch per device, accumulation) whose product with the processes is exactly `config.effective_batch_size`:
+    the largest per-device batch up to `batch` (the profile's, or the config's own) that divides it, so a CPU and
+    a GPU take the same optimizer steps over the same set and only the micro-batches differ."""
+    total = config.effective_batch_size
+    fix = "use a multiple of 4 (or of the process count x --batch-size)"
+    if total % world:
+        raise ConfigError(f"--effective-batch {total} does not split over {world} processes: {fix}")
+    per_process = total // world
+    if config.per_device_train_batch_size is not None:
+        if per_process % batch:
+            raise ConfigError(f"--effective-batch {total} is no multiple of --batch-size {batch} x {world}: {fix}")
+        pairs = [(batch, per_process // batch)]
+    else:
+        pairs = [
+            (d, per_process // d) for d in range(min(batch, per_process), smallest - 1, -1) if per_process % d == 0
+        ]
+    if not pairs:
+        raise ConfigError(f"--effective-batch {total} has no batch of {smallest} to {batch} rows a device: {fix}")
+    micro, accumulation = pairs[0]
+    if config.gradient_accumulation_steps not in (None, accumulation):
+        raise ConfigError(
+            f"--effective-batch {total} with --grad-accum {config.gradient_accumulation_steps}: they disagree "
+            f"({micro} rows x {world} processes x {config.gradient_accumulation_steps}); set one of them"
+        )
+    return micro, accumulation
 
 
 ACCELERATE_CONFIGS = {"ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "deepspeed-zero2": "deepspeed_zero2.yaml"}

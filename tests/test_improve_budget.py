@@ -1,0 +1,55 @@
+"""A round's training budget depends on the size of its set, not on the machine (issue 37: 3 epochs over 9 runs
+were 9 optimizer steps on a CPU and about 1 on a GPU; 175 runs trained about 130 steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowrl.errors import ConfigError
+from flowrl.improve.budget import MAX_STEPS, round_budget
+from flowrl.train.config import TrainingConfig
+from flowrl.train.hardware import HardwareInfo, resolve_settings
+
+CPU = HardwareInfo("cpu", cpu_count=2)
+GPU = HardwareInfo("cuda", gpu_count=1, gpu_names=("H100",), gpu_memory_gb=(80.0,), bf16=True, fp16=True)
+SMALL_GPU = HardwareInfo("cuda", gpu_count=1, gpu_names=("T4",), gpu_memory_gb=(15.0,), fp16=True)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 9, 40, 64, 175, 300, 1000])
+@pytest.mark.parametrize("method", ["sft", "kto"])
+def test_a_cpu_and_a_gpu_take_the_same_steps_of_the_same_rows_for_the_same_set(rows: int, method: str) -> None:
+    budget = round_budget(rows, epochs=2.0)
+    config = TrainingConfig(method=method, dataset="set", effective_batch_size=budget.effective_batch)
+    settings = [resolve_settings(config, hw) for hw in (CPU, GPU, SMALL_GPU)]
+    assert {s.effective_batch_size for s in settings} == {budget.effective_batch}
+    # the profiles still pick their own micro-batches
+    assert settings[0].per_device_train_batch_size <= 4 < settings[1].per_device_train_batch_size or rows < 64
+
+
+def test_the_profiles_batch_used_to_decide_the_steps() -> None:
+    """Before: the same set gave 4 rows a step on the CPU and 32 on this GPU."""
+    config = TrainingConfig(method="sft", dataset="set")
+    assert resolve_settings(config, CPU).effective_batch_size == 4
+    assert resolve_settings(config, GPU).effective_batch_size == 32
+
+
+def test_a_large_set_trains_a_capped_number_of_steps_and_a_small_one_its_epochs() -> None:
+    small, large, huge = round_budget(9, 2.0), round_budget(175, 2.0), round_budget(5000, 2.0)
+    assert (small.effective_batch, small.steps, small.capped) == (4, 6, False)  # 3 steps an epoch
+    assert (large.effective_batch, large.steps) == (20, 18)  # not 130
+    assert huge.steps == MAX_STEPS and huge.capped and huge.effective_batch == 32
+    assert round_budget(9, 2.0, max_steps=1).steps == 1 and round_budget(9, 2.0, max_steps=1).capped
+
+
+def test_an_effective_batch_that_cannot_be_split_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="--effective-batch 6 is no multiple of --batch-size 4"):
+        resolve_settings(
+            TrainingConfig(method="sft", dataset="s", effective_batch_size=6, per_device_train_batch_size=4), CPU
+        )
+    with pytest.raises(ConfigError, match="disagree"):
+        resolve_settings(
+            TrainingConfig(method="sft", dataset="s", effective_batch_size=8, gradient_accumulation_steps=3), CPU
+        )
+    multi = HardwareInfo("cpu", cpu_count=4, world_size=3)
+    with pytest.raises(ConfigError, match="does not split over 3 processes"):
+        resolve_settings(TrainingConfig(method="sft", dataset="s", effective_batch_size=8), multi)
