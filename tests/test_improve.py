@@ -18,6 +18,7 @@ from helpers_tiny_train import build_tiny_model  # noqa: E402
 
 from flowrl.engines.policy import Policy  # noqa: E402
 from flowrl.evaluate.results import verify  # noqa: E402
+from flowrl.evaluate.runs import read_runs  # noqa: E402
 from flowrl.improve.loop import ImproveConfig, ImproveError, improve  # noqa: E402
 
 
@@ -98,6 +99,13 @@ def test_a_round_writes_a_verifiable_eval_json_and_resumes(tmp_path: Path) -> No
     assert trained["round-1/adapter"]["rows"] == 4 and trained["round-1/adapter"]["effective_batch_size"] == 4
     assert trained["round-1/adapter"]["steps"] == trained["round-1/adapter"]["steps_taken"] == 1  # --max-steps 1
     assert any(s == "train" and "1 steps of 4 rows" in m for s, m in stages), stages
+    paired = {(c["a"], c["b"]) for c in data["comparisons"]}
+    assert ("control-1", "round-1") in paired  # the round against its control, not only each arm against the base
+    runs = {arm: list(read_runs(tmp_path / "out" / "eval-runs" / f"{arm}.jsonl.gz")) for arm in data["arms"]}
+    for arm, lines in runs.items():  # what was graded, published: every held-out task's answer, and its outcome
+        assert [line["task_id"] for line in lines] == [t.task_id for t in HELD]
+        assert all(line["answer"].startswith("The answer is") for line in lines)
+        assert [line["right"] for line in lines] == [t["outcomes"][arm] for t in data["tasks"]]
     stages.clear()
     improve(
         lambda p: ScriptedAgent(p),
@@ -205,3 +213,27 @@ def test_flowrl_eval_runs_the_agent_loop_and_writes_a_verifiable_eval_json(tmp_p
     assert "base: n=3" in capsys.readouterr().out or "base" in out.read_text()
     assert main(["eval", "--model", str(model)]) == 2
     assert "--agent example" in capsys.readouterr().err
+
+
+def test_held_out_families_are_never_trained_on_and_reported_apart(tmp_path: Path) -> None:
+    from flowrl.improve.user import Task as FamilyTask
+
+    train = [FamilyTask(t.task_id, t.query, t.answer, "times") for t in TRAIN]
+    held = [FamilyTask(t.task_id, t.query, t.answer, "times" if i < 3 else "thrice") for i, t in enumerate(HELD)]
+    cfg = ImproveConfig(
+        out=tmp_path / "out",
+        samples=1,
+        base_model=str(build_tiny_model(tmp_path / "tiny")),
+        max_steps=1,
+        concurrency=2,
+        hook_options={"run_methods": ["a_run"]},
+        hold_out_families="thrice",
+    )
+    (result,) = improve(lambda p: ScriptedAgent(p), train, held, grade, cfg, policies=FakePolicies())
+    data = json.loads(result.eval_path.read_text())
+    assert verify(data) == []
+    assert {t["task_id"]: t["family"] for t in data["tasks"]} == {t.task_id: t.family for t in held}
+    assert data["families"]["thrice"]["unseen"] and not data["families"]["times"]["unseen"]
+    assert data["subsets"]["unseen"]["arms"]["round-1"]["n"] == 3 and data["subsets"]["seen"]["arms"]["base"]["n"] == 3
+    with pytest.raises(ImproveError, match="train tasks are of a held-out family"):
+        improve(lambda p: ScriptedAgent(p), held[3:], train[:2], grade, cfg, policies=FakePolicies())

@@ -79,3 +79,25 @@ def test_default_grade_is_the_reference_rewards_strict_rule() -> None:
     task = Task("t", "What is 12 * 7?", "84")
     assert default_grade(task, "12 * 7 = 84") and default_grade(task, "It is 84.0")
     assert not default_grade(task, "84 or 85") and not default_grade(task, "84. Actually, 85.")
+
+
+def test_held_out_families_leave_training_and_join_the_held_out_set(tmp_path: Path) -> None:
+    rows = [{"task_id": f"t{i}", "query": f"q{i}", "answer": str(i), "family": "ab"[i % 2]} for i in range(40)]
+    tasks = load_tasks(_write(tmp_path / "t.jsonl", rows))
+    train, held = split_tasks(tasks, None, 10, seed=1, hold_out=["b"], unseen=5)
+    assert {t.family for t in train} == {"a"} and not {t.task_id for t in train} & {t.task_id for t in held}
+    assert sum(t.family == "b" for t in held) == sum(t.family == "b" for t in held[:10]) + 5
+    with pytest.raises(ConfigError, match="--hold-out-families c: no task has that family; the tasks have a, b"):
+        split_tasks(tasks, None, 10, hold_out=["c"])
+    with pytest.raises(ConfigError, match=r"family must be a string"):
+        load_tasks(_write(tmp_path / "bad.jsonl", [{"task_id": "t", "query": "q", "answer": "1", "family": 3}]))
+
+
+def test_the_example_suite_holds_out_whole_families() -> None:
+    from flowrl.demo.example_agents import example_tasks
+    from flowrl.demo.suite import FAMILIES, suite
+
+    assert {t.family for t in suite(0)} == {f for fs in FAMILIES.values() for f in fs}
+    train, held = example_tasks(200, 150, hold_out=["mulsub", "summul"], unseen=40)
+    assert len(train) == 200 and not {t.family for t in train} & {"mulsub", "summul"}
+    assert len(held) == 190 and sum(t.family in ("mulsub", "summul") for t in held) >= 40

@@ -49,7 +49,9 @@ def improve_cmd(
         "built, hooked and run there, the loop and training here. Default: this Python.",
     ),
     tasks: Path | None = typer.Option(
-        None, "--tasks", help="With --agent: JSONL of {task_id, query, answer}, split into train and held-out."
+        None,
+        "--tasks",
+        help="With --agent: JSONL of {task_id, query, answer[, family]}, split into train and held-out.",
     ),
     grade: str | None = typer.Option(
         None,
@@ -72,10 +74,10 @@ def improve_cmd(
 
     progress, on_progress, on_stage = _progress_ui()
     with contextlib.ExitStack() as stack:
-        make_agent, train, held_out, grader = _agent_and_tasks(
-            stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, fields["seed"]
-        )
         cfg = ImproveConfig(out=out, **fields)  # it checks the values and names the allowed ones
+        make_agent, train, held_out, grader = _agent_and_tasks(
+            stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, cfg
+        )
         if cfg.from_store is not None:  # nothing is collected: no train task; with --tasks, every task is held-out
             train, held_out = [], held_out if agent is None else (held_out + train)[: eval_tasks or None]
         stack.enter_context(progress)
@@ -97,7 +99,7 @@ def _agent_and_tasks(
     grade: str | None,
     train_tasks: int | None,
     eval_tasks: int | None,
-    seed: int,
+    cfg: ImproveConfig,
 ) -> tuple[Any, list[Any], list[Any], Any]:
     """(factory, train tasks, held-out tasks, grade): the user's, or the example agent's."""
     from flowrl.errors import ConfigError  # lazy: keeps `flowrl --help` fast
@@ -108,14 +110,18 @@ def _agent_and_tasks(
                 "--tasks, --grade and --agent-python go with --agent MODULE:FACTORY (the example agent has its own)"
             )
         example = example_agent()
-        train, held_out = example.example_tasks(train_tasks or 200, eval_tasks or 150, seed=seed)
+        train, held_out = example.example_tasks(
+            train_tasks or 200, eval_tasks or 150, seed=cfg.seed, hold_out=cfg.unseen_families, unseen=cfg.unseen_tasks
+        )
         return stack.enter_context(example.ExampleAgents()), train, held_out, example.example_grade
     # lazy: keeps `flowrl --help` fast
     from flowrl.improve.user import default_grade, load_object, load_tasks, split_tasks
 
     if tasks is None:
         raise ConfigError("--agent needs --tasks FILE: JSONL of {task_id, query, answer}")
-    train, held_out = split_tasks(load_tasks(tasks), train_tasks, eval_tasks, seed=seed)
+    train, held_out = split_tasks(
+        load_tasks(tasks), train_tasks, eval_tasks, seed=cfg.seed, hold_out=cfg.unseen_families, unseen=cfg.unseen_tasks
+    )
     grader = load_object(grade, "--grade") if grade else default_grade
     if agent_python is not None:
         from flowrl.improve.process import AgentProcess  # lazy: keeps `flowrl --help` fast

@@ -9,11 +9,14 @@ backends used to render.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from flowrl.demo.agent import ExampleAgent
 from flowrl.engines.chat_backend import Completion, flatten_message
 from flowrl.engines.policy import Policy
+from flowrl.improve.config import UNSEEN_TASKS
+from flowrl.improve.user import hold_out_families
 from flowrl.rewards.sandbox import Sandbox
 from flowrl.serve.client import ServedBackend
 from flowrl.train.agent_rollout import AgentAdapter
@@ -60,13 +63,18 @@ class ExampleAgents:
         return ExampleAgent(self.backend(policy), sandbox=self._sandbox, seed=policy.seed)
 
 
-def example_tasks(train_tasks: int, eval_tasks: int, *, seed: int = 0) -> tuple[list[Any], list[Any]]:
-    """`train_tasks` and `eval_tasks` tasks of the generated suite, from its two disjoint parts."""
+def example_tasks(
+    train_tasks: int, eval_tasks: int, *, seed: int = 0, hold_out: Collection[str] = (), unseen: int = UNSEEN_TASKS
+) -> tuple[list[Any], list[Any]]:
+    """`train_tasks` and `eval_tasks` tasks of the generated suite, from its two disjoint parts; the families in
+    `hold_out` leave training, and up to `unseen` of their tasks join the held-out ones
+    (`flowrl.improve.user.hold_out_families`)."""
     from flowrl.demo import suite as tasks_suite  # lazy: the package's __init__ imports this module
 
     tasks = tasks_suite.suite(seed=seed)
     train, held_out = tasks_suite.split(tasks, held_out=max(eval_tasks, 150), seed=seed)
-    return list(train)[:train_tasks], list(held_out)[:eval_tasks]
+    train, held = hold_out_families(list(train), list(held_out)[:eval_tasks], hold_out, unseen)
+    return train[:train_tasks], held
 
 
 def example_grade(task: Any, answer: str) -> bool:

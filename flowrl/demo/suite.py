@@ -13,6 +13,11 @@
 Lookup answers are at least two characters (atomic numbers from neon on, two-letter symbols that are not
 English words, facts of 10 or more), so that a stray "I" or "7" in a wrong answer does not pass the grader.
 
+**Families.** Each task has a `family`, its form (`FAMILIES`): calc tasks by expression (`mul`, `mul3`, `muladd`,
+`mulsub`, `summul` for "(a + b) * c", `add3`, `sub`), lookups by table (`capital`, `atomic-number`, `symbol`,
+`count`), multi-step tasks by what they compute (`multi-mul`, `multi-add`, `multi-muladd`, `multi-subfrom`).
+`flowrl improve --hold-out-families` keeps whole families out of training, so eval can report them as unseen.
+
 **Near-duplicates.** A task belongs to a group, and `split` never divides a group:
 - calc: the expression with the operands of `+`/`-` and of `*` put in a canonical order, so "347 * 86" and
   "86 * 347" are one task (`canonical`). The generator goes further: no two calc tasks share a pair of
@@ -49,9 +54,26 @@ from flowrl.errors import FlowRLError
 from flowrl.rewards.reference import answer_matches
 from flowrl.trace.facts import query_key
 
-__all__ = ["KINDS", "SuiteError", "SuiteTask", "canonical", "check_disjoint", "grade", "group_of", "split", "suite"]
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "SuiteError",
+    "SuiteTask",
+    "canonical",
+    "check_disjoint",
+    "grade",
+    "group_of",
+    "split",
+    "suite",
+]
 
 KINDS = ("calc", "lookup", "multi")
+# each task's form: calc by its expression, lookup by its table, multi by what it computes with the fact
+FAMILIES = {
+    "calc": ("mul", "mul3", "muladd", "mulsub", "summul", "add3", "sub"),
+    "lookup": ("capital", "atomic-number", "symbol", "count"),
+    "multi": ("multi-mul", "multi-add", "multi-muladd", "multi-subfrom"),
+}
 DEFAULT_SIZE = 2400
 DEFAULT_HELD_OUT = 200
 # Two-letter symbols that are also English words or common abbreviations: a grader would find them anywhere.
@@ -66,11 +88,13 @@ class SuiteError(FlowRLError):
 class SuiteTask(Task):
     """A `Task` that also says how it is solved and what it must not be separated from. `key`: the `lookup`
     key it needs ("" for calc); `expression`: the Python `exec_code` runs, with "{x}" where a multi-step task
-    puts the looked-up value ("" for lookup); `group`: near-duplicates share it (see the module doc)."""
+    puts the looked-up value ("" for lookup); `group`: near-duplicates share it (see the module doc); `family`:
+    the task's form (`FAMILIES`)."""
 
     key: str = ""
     expression: str = ""
     group: str = ""
+    family: str = ""
 
 
 def grade(task: Any, answer: str | None) -> bool:
@@ -189,28 +213,31 @@ def _calc_tasks(rng: random.Random, n: int) -> list[SuiteTask]:
                 "calc",
                 expression=expression,
                 group=f"calc:{canonical(expression)}",
+                family=name,
             )
         )
     return tasks
 
 
-def _facts() -> list[tuple[str, str, str, str]]:
-    """(fact key, task id stem, question, answer) for every fact the lookup tasks ask about."""
+def _facts() -> list[tuple[str, str, str, str, str]]:
+    """(fact key, task id stem, question, answer, family) for every fact the lookup tasks ask about."""
     facts = [
-        (f"capital of {c}", f"cap-{_slug(c)}", f"What is the capital of {_title(c)}?", city)
+        (f"capital of {c}", f"cap-{_slug(c)}", f"What is the capital of {_title(c)}?", city, "capital")
         for c, city in CAPITALS.items()
     ]
     facts += [
-        (f"atomic number of {e}", f"anum-{e}", f"What is the atomic number of {e}?", str(z))
+        (f"atomic number of {e}", f"anum-{e}", f"What is the atomic number of {e}?", str(z), "atomic-number")
         for e, (z, _) in ELEMENTS.items()
         if z >= 10
     ]
     facts += [
-        (f"chemical symbol of {e}", f"sym-{e}", f"What is the chemical symbol of {e}?", s)
+        (f"chemical symbol of {e}", f"sym-{e}", f"What is the chemical symbol of {e}?", s, "symbol")
         for e, (_, s) in ELEMENTS.items()
         if len(s) == 2 and s.lower() not in _WORD_SYMBOLS
     ]
-    facts += [(k, f"count-{_slug(k)}", f"What is the number of {k}?", str(v)) for k, v in COUNTS.items() if v >= 10]
+    facts += [
+        (k, f"count-{_slug(k)}", f"What is the number of {k}?", str(v), "count") for k, v in COUNTS.items() if v >= 10
+    ]
     return facts
 
 
@@ -241,6 +268,7 @@ def _multi_tasks(rng: random.Random) -> list[SuiteTask]:
                     key=key,
                     expression=expression,
                     group=f"fact:{key}",
+                    family=f"multi-{name}",
                 )
             )
     return tasks
@@ -251,8 +279,8 @@ def suite(seed: int = 0, *, size: int = DEFAULT_SIZE) -> list[SuiteTask]:
     give, and calc tasks for the rest. Order: calc, lookup, multi."""
     rng = random.Random(f"flowrl-suite-{seed}")
     lookups = [
-        SuiteTask(stem, question, answer, "lookup", key=key, group=f"fact:{key}")
-        for key, stem, question, answer in _facts()
+        SuiteTask(stem, question, answer, "lookup", key=key, group=f"fact:{key}", family=family)
+        for key, stem, question, answer, family in _facts()
     ]
     multi = _multi_tasks(rng)
     n_calc = size - len(lookups) - len(multi)

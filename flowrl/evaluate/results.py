@@ -2,12 +2,19 @@
 
 `flowrl eval --json OUT` and `flowrl improve` (`DIR/round-<r>/eval.json`) write exactly this, no other key:
 
-    {"tasks": [{"task_id": "...", "outcomes": {"<arm>": true|false}}],
+    {"tasks": [{"task_id": "...", "outcomes": {"<arm>": true|false}, "family": "mulsub"}],
      "arms": {"<arm>": {"n": 150, "successes": 18, "rate": 0.12, "ci95": [lo, hi]}},
      "comparisons": [{"a": "base", "b": "<arm>", "both": 0, "only_a": 0, "only_b": 0, "neither": 0,
-                      "mcnemar_p": 0.0, "diff": 0.0, "diff_ci95": [lo, hi]}]}
+                      "mcnemar_p": 0.0, "diff": 0.0, "diff_ci95": [lo, hi]}],
+     "families": {"mulsub": {"unseen": true, "arms": {"<arm>": {"n": ..., "successes": ..., ...}}}},
+     "subsets": {"seen": {"arms": {...}, "comparisons": [...]}, "unseen": {"arms": {...}, "comparisons": [...]}}}
 
 - `ci95`: the Wilson 95% interval of the arm's rate (`stats.wilson_interval`).
+- Comparisons: every arm against the base, then any other pair asked for (`pairs`: a round against its control).
+- `family` (optional, per task): the task's family (`mulsub`, `capital`, ...). When tasks have one, `families`
+  gives each family's rate per arm and whether it was `unseen` (kept out of training: `--hold-out-families`),
+  and, when some family is unseen, `subsets` gives the arms and comparisons over the tasks of families seen in
+  training and over the unseen ones apart. Files without families have neither key.
 - A comparison pairs arm `b` with the base `a` task by task: `both`/`only_a`/`only_b`/`neither` count the
   tasks right in both, only one, or neither; `mcnemar_p` is McNemar's exact two-sided p on the discordant
   tasks; `diff` = rate(b) - rate(a) and `diff_ci95` its percentile bootstrap interval over tasks with
@@ -41,6 +48,7 @@ class _Strict(BaseModel):
 class _Task(_Strict):
     task_id: StrictStr
     outcomes: dict[str, StrictBool]
+    family: StrictStr | None = None
 
 
 class _Arm(_Strict):
@@ -62,17 +70,35 @@ class _Comparison(_Strict):
     diff_ci95: tuple[float, float]
 
 
+class _Family(_Strict):
+    unseen: StrictBool
+    arms: dict[str, _Arm]
+
+
+class _Subset(_Strict):
+    arms: dict[str, _Arm]
+    comparisons: list[_Comparison]
+
+
 class _EvalFile(_Strict):
     tasks: list[_Task]
     arms: dict[str, _Arm]
     comparisons: list[_Comparison] = Field(default_factory=list)
+    families: dict[str, _Family] | None = None
+    subsets: dict[str, _Subset] | None = None
+
+
+_KEYS, _OPTIONAL = {"tasks", "arms", "comparisons"}, {"families", "subsets"}
+SUBSETS = ("seen", "unseen")
 
 
 def shape_error(data: Any) -> str | None:
     """Why `data` is not an eval JSON (the first problem, one line), or None when its shape is right."""
-    if not isinstance(data, dict) or set(data) != {"tasks", "arms", "comparisons"}:
+    if not isinstance(data, dict) or not _KEYS <= set(data) <= _KEYS | _OPTIONAL:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-        return f"expected exactly the keys tasks, arms, comparisons, got {keys}"
+        return f"expected the keys tasks, arms, comparisons (and families, subsets), got {keys}"
+    if data.get("subsets") is not None and set(data["subsets"]) - set(SUBSETS):
+        return f"subsets: expected {', '.join(SUBSETS)}, got {sorted(data['subsets'])}"
     try:  # JSON mode: lists are read as the pairs they stand for, ints as floats, nothing else is coerced
         _EvalFile.model_validate_json(json.dumps(data, allow_nan=False))
     except ValueError as exc:  # NaN/inf, or a value json cannot write
@@ -84,8 +110,18 @@ def shape_error(data: Any) -> str | None:
     return None
 
 
-def summarize(outcomes: dict[str, dict[str, bool]], *, base: str = "base", seed: int = SEED) -> dict[str, Any]:
-    """The eval JSON for task_id -> arm -> success: every arm's rate with its interval, every other arm against `base`.
+def summarize(
+    outcomes: dict[str, dict[str, bool]],
+    *,
+    base: str = "base",
+    seed: int = SEED,
+    pairs: list[tuple[str, str]] | tuple[()] = (),
+    families: dict[str, str] | None = None,
+    unseen: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The eval JSON for task_id -> arm -> success: every arm's rate with its interval, every other arm against `base`,
+    then each (a, b) in `pairs`. `families`: task_id -> family (tasks missing from it have none); `unseen`: the
+    families kept out of training.
 
     Every task must have every arm (arms are paired task by task). Arms keep the order they first appear in."""
     if not outcomes:
@@ -95,47 +131,81 @@ def summarize(outcomes: dict[str, dict[str, bool]], *, base: str = "base", seed:
         arms.extend(a for a in per_arm if a not in arms)
     if base not in arms:
         raise ConfigError(f"no base arm {base!r} among the arms {arms}: run the base model too, or name its arm")
-    tasks: list[dict[str, Any]] = []
-    for task_id, per_arm in outcomes.items():
-        for arm in arms:
-            if arm not in per_arm:
-                raise ConfigError(
-                    f"task {task_id!r} has no outcome for arm {arm!r}: "
-                    "run every arm on every task (arms are compared task by task)"
-                )
-            if not _is_bool(per_arm[arm]):
-                raise ConfigError(
-                    f"task {task_id!r}, arm {arm!r}: the outcome must be true or false, got {per_arm[arm]!r}"
-                )
-        tasks.append({"task_id": str(task_id), "outcomes": {arm: bool(per_arm[arm]) for arm in arms}})
+    for a, b in pairs:
+        if a not in arms or b not in arms:
+            raise ConfigError(f"comparison {b} against {a}: both must be arms (the arms are {arms})")
+    families = families or {}
+    if set(unseen) - set(families.values()):
+        raise ConfigError(f"unseen families {sorted(set(unseen) - set(families.values()))} have no task here")
+    tasks = [_task_row(task_id, per_arm, arms, families.get(task_id)) for task_id, per_arm in outcomes.items()]
+    data = _figures(tasks, arms, base, list(pairs), seed)
+    named = sorted({t["family"] for t in tasks if "family" in t})
+    if named:
+        data["families"] = {
+            f: {"unseen": f in unseen, "arms": _figures([t for t in tasks if t.get("family") == f], arms)["arms"]}
+            for f in named
+        }
+    if unseen:
+        data["subsets"] = {}
+        for subset in SUBSETS:
+            part = [t for t in tasks if (t.get("family") in unseen) == (subset == "unseen")]
+            if part:
+                data["subsets"][subset] = _figures(part, arms, base, list(pairs), seed)
+    return {"tasks": tasks, **data}
+
+
+def _task_row(task_id: str, per_arm: dict[str, bool], arms: list[str], family: str | None) -> dict[str, Any]:
+    """A task's entry: its outcome in every arm (refused when one is missing or not a bool), its family if any."""
+    for arm in arms:
+        if arm not in per_arm:
+            raise ConfigError(
+                f"task {task_id!r} has no outcome for arm {arm!r}: "
+                "run every arm on every task (arms are compared task by task)"
+            )
+        if not _is_bool(per_arm[arm]):
+            raise ConfigError(f"task {task_id!r}, arm {arm!r}: the outcome must be true or false, got {per_arm[arm]!r}")
+    task: dict[str, Any] = {"task_id": str(task_id), "outcomes": {arm: bool(per_arm[arm]) for arm in arms}}
+    if family is not None:
+        task["family"] = str(family)
+    return task
+
+
+def _figures(
+    tasks: list[dict[str, Any]],
+    arms: list[str],
+    base: str | None = None,
+    pairs: list[Any] | None = None,
+    seed: int = SEED,
+) -> dict[str, Any]:
+    """Each arm's rate over `tasks`; with a `base`, the comparisons against it and of `pairs`."""
     column = {arm: [t["outcomes"][arm] for t in tasks] for arm in arms}
     summary: dict[str, Any] = {}
     for arm in arms:
         n, k = len(column[arm]), sum(column[arm])
         lo, hi = wilson_interval(k, n)
         summary[arm] = {"n": n, "successes": k, "rate": k / n, "ci95": [lo, hi]}
-    comparisons = []
-    for arm in arms:
-        if arm == base:
-            continue
-        a, b = column[base], column[arm]
-        diff, lo, hi = paired_bootstrap_diff(a, b, seed=seed)
-        only_a = sum(x and not y for x, y in zip(a, b))
-        only_b = sum(y and not x for x, y in zip(a, b))
-        comparisons.append(
-            {
-                "a": base,
-                "b": arm,
-                "both": sum(x and y for x, y in zip(a, b)),
-                "only_a": only_a,
-                "only_b": only_b,
-                "neither": sum(not x and not y for x, y in zip(a, b)),
-                "mcnemar_p": mcnemar_exact(only_a, only_b),
-                "diff": diff,
-                "diff_ci95": [lo, hi],
-            }
-        )
-    return {"tasks": tasks, "arms": summary, "comparisons": comparisons}
+    if base is None:
+        return {"arms": summary}
+    wanted = [(base, arm) for arm in arms if arm != base] + [tuple(p) for p in pairs or []]
+    comparisons = [_compare(a, b, column[a], column[b], seed) for a, b in wanted]
+    return {"arms": summary, "comparisons": comparisons}
+
+
+def _compare(name_a: str, name_b: str, a: list[bool], b: list[bool], seed: int) -> dict[str, Any]:
+    diff, lo, hi = paired_bootstrap_diff(a, b, seed=seed)
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    return {
+        "a": name_a,
+        "b": name_b,
+        "both": sum(x and y for x, y in zip(a, b)),
+        "only_a": only_a,
+        "only_b": only_b,
+        "neither": sum(not x and not y for x, y in zip(a, b)),
+        "mcnemar_p": mcnemar_exact(only_a, only_b),
+        "diff": diff,
+        "diff_ci95": [lo, hi],
+    }
 
 
 def verify(data: dict[str, Any], *, seed: int = SEED) -> list[str]:
@@ -146,27 +216,59 @@ def verify(data: dict[str, Any], *, seed: int = SEED) -> list[str]:
     ids = [t["task_id"] for t in data["tasks"]]
     if len(set(ids)) != len(ids):
         return [f"task ids repeat: {sorted({i for i in ids if ids.count(i) > 1})[:5]}"]
-    bases = {c["a"] for c in data["comparisons"]}
-    if len(bases) > 1:
-        return [f"comparisons against more than one base arm: {sorted(bases)}"]
-    base = bases.pop() if bases else "base" if "base" in data["arms"] else next(iter(data["arms"]), "base")
+    arms = data["arms"]
+    base = _base_of(data)
+    pairs = [(c["a"], c["b"]) for c in data["comparisons"] if c["a"] != base]
+    unseen = {f for f, v in (data.get("families") or {}).items() if v["unseen"]}
     try:
-        fresh = summarize({t["task_id"]: t["outcomes"] for t in data["tasks"]}, base=base, seed=seed)
+        fresh = summarize(
+            {t["task_id"]: t["outcomes"] for t in data["tasks"]},
+            base=base,
+            seed=seed,
+            pairs=[p for p in pairs if p[0] in arms and p[1] in arms],
+            families={t["task_id"]: t["family"] for t in data["tasks"] if t.get("family") is not None},
+            unseen=unseen,
+        )
     except ConfigError as exc:
         return [str(exc)]
+    problems = _diff_figures("", data, fresh, base)
+    for key in ("families", "subsets"):
+        if (data.get(key) is None) != (fresh.get(key) is None) or set(data.get(key) or {}) != set(fresh.get(key) or {}):
+            problems.append(
+                f"{key}: stored {sorted(data.get(key) or {})}, the tasks give {sorted(fresh.get(key) or {})}"
+            )
+    for family in sorted(set(data.get("families") or {}) & set(fresh.get("families") or {})):
+        problems += _diff_figures(f"families.{family}.", data["families"][family], fresh["families"][family], base)
+    for subset in sorted(set(data.get("subsets") or {}) & set(fresh.get("subsets") or {})):
+        problems += _diff_figures(f"subsets.{subset}.", data["subsets"][subset], fresh["subsets"][subset], base)
+    return problems
+
+
+def _base_of(data: dict[str, Any]) -> str:
+    """The arm the others are compared with: the `a` of the first comparison (every arm against the base comes
+    first), else `base`, else the first arm."""
+    if data["comparisons"]:
+        return str(data["comparisons"][0]["a"])
+    return "base" if "base" in data["arms"] else next(iter(data["arms"]), "base")
+
+
+def _diff_figures(where: str, stored: dict[str, Any], fresh: dict[str, Any], base: str) -> list[str]:
+    """What differs between stored and recomputed arms (and comparisons, when `fresh` has them)."""
     problems: list[str] = []
-    if set(data["arms"]) != set(fresh["arms"]):
-        problems.append(f"arms: stored {sorted(data['arms'])}, the tasks have {sorted(fresh['arms'])}")
-    for arm in sorted(set(data["arms"]) & set(fresh["arms"])):
-        problems += _diff(f"arms.{arm}", data["arms"][arm], fresh["arms"][arm])
-    stored = {(c["a"], c["b"]): c for c in data["comparisons"]}
+    if set(stored["arms"]) != set(fresh["arms"]):
+        problems.append(f"{where}arms: stored {sorted(stored['arms'])}, the tasks have {sorted(fresh['arms'])}")
+    for arm in sorted(set(stored["arms"]) & set(fresh["arms"])):
+        problems += _diff(f"{where}arms.{arm}", stored["arms"][arm], fresh["arms"][arm])
+    if "comparisons" not in fresh:
+        return problems
+    have = {(c["a"], c["b"]): c for c in stored.get("comparisons", [])}
     wanted = {(c["a"], c["b"]): c for c in fresh["comparisons"]}
-    for key in wanted.keys() - stored.keys():
-        problems.append(f"comparisons: {key[1]} against {key[0]} is missing")
-    for key in stored.keys() - wanted.keys():
-        problems.append(f"comparisons: {key[1]} against {key[0]} is not an arm against the base {base!r}")
-    for key in sorted(wanted.keys() & stored.keys()):
-        problems += _diff(f"comparisons.{key[0]}-vs-{key[1]}", stored[key], wanted[key])
+    for key in wanted.keys() - have.keys():
+        problems.append(f"{where}comparisons: {key[1]} against {key[0]} is missing")
+    for key in have.keys() - wanted.keys():
+        problems.append(f"{where}comparisons: {key[1]} against {key[0]} compares an arm that is not there")
+    for key in sorted(wanted.keys() & have.keys()):
+        problems += _diff(f"{where}comparisons.{key[0]}-vs-{key[1]}", have[key], wanted[key])
     return problems
 
 
@@ -210,6 +312,24 @@ def format_table(data: dict[str, Any]) -> list[str]:
             f"{c['only_b']}, neither {c['neither']}; McNemar exact p = {c['mcnemar_p']:.3g}; "
             f"difference {100 * c['diff']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}] (bootstrap 95%)"
         )
+    return lines + format_families(data)
+
+
+def format_families(data: dict[str, Any]) -> list[str]:
+    """One line per family (right of n in each arm, "unseen" for those never trained on), then the seen and
+    unseen subsets with each comparison's McNemar p: [] for a file without families."""
+    lines = []
+    for family, figures in (data.get("families") or {}).items():
+        arms = ", ".join(f"{arm} {s['successes']}/{s['n']}" for arm, s in figures["arms"].items())
+        lines.append(f"family {family}{' (unseen)' if figures['unseen'] else ''}: {arms}")
+    for subset, figures in (data.get("subsets") or {}).items():
+        arms = ", ".join(f"{arm} {_pct(s['rate'])}" for arm, s in figures["arms"].items())
+        tests = "; ".join(
+            f"{c['b']} vs {c['a']} {100 * c['diff']:+.1f} points, p = {c['mcnemar_p']:.3g}"
+            for c in figures["comparisons"]
+        )
+        n = next(iter(figures["arms"].values()))["n"]
+        lines.append(f"{subset} families, n = {n}: {arms}" + (f"; {tests}" if tests else ""))
     return lines
 
 

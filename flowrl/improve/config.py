@@ -17,6 +17,9 @@ METHOD_HELP = (
 )
 
 
+UNSEEN_TASKS = 60  # tasks of the held-out families that join the held-out set, by default
+
+
 class ImproveError(FlowRLError):
     """The loop cannot go on as configured."""
 
@@ -85,6 +88,15 @@ class ImproveConfig:
         "The LoRA adapter your agent runs in production: the eval's baseline arm is the base model with it, and "
         "training goes on from its weights.",
     )
+    hold_out_families: str | None = option(
+        None,
+        "--hold-out-families",
+        "Comma-separated task families kept out of training (e.g. mulsub,summul,atomic-number); up to "
+        "--unseen-tasks of their tasks join the held-out set, and eval reports them apart as unseen.",
+    )
+    unseen_tasks: int = option(
+        UNSEEN_TASKS, "--unseen-tasks", "With --hold-out-families: their tasks added to the held-out set.", min=1
+    )
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
     # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)
@@ -117,5 +129,15 @@ class ImproveConfig:
             raise ImproveError(f"--confidence {self.confidence}: use 0.5 to 1")
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
             raise ImproveError(f"--adapter {self.adapter}: no adapter_config.json there; pass a LoRA adapter's folder")
+        if self.hold_out_families is not None and self.from_store is not None:
+            raise ImproveError(
+                "--hold-out-families with --from-store: the store's runs are trained on as recorded; hold families "
+                "out when collecting (drop --from-store)"
+            )
         if self.context < 256:
             raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
+
+    @property
+    def unseen_families(self) -> frozenset[str]:
+        """The families `--hold-out-families` keeps out of training."""
+        return frozenset(f.strip() for f in (self.hold_out_families or "").split(",") if f.strip())

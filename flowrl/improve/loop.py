@@ -18,9 +18,11 @@ Each round r:
    the production `adapter`'s weights when given: `flowrl train --init-adapter`), for the steps and rows a step
    that the set's size gives on any machine (`flowrl.improve.budget`), recorded in `out/round-<r>/train.json`;
 5. **eval**: the base arm (once, cached) and the round's arm(s) on the held-out tasks, the agent's whole loop,
-   greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes, rates with Wilson intervals and
-   McNemar's exact test against the base (`flowrl.evaluate.results`); `out/round-<r>/rewards.json` each reward's
-   mean per arm over the same tasks (`flowrl.evaluate.secondary`).
+   greedy by default; `out/round-<r>/eval.json` holds the per-task outcomes (with each task's family, when it
+   has one), rates with Wilson intervals and McNemar's exact test against the base and of the round against its
+   control, and, with `--hold-out-families`, the families never trained on apart (`flowrl.evaluate.results`);
+   `out/eval-runs/<arm>.jsonl.gz` every graded run's answer and tool calls (`flowrl.evaluate.runs`);
+   `out/round-<r>/rewards.json` each reward's mean per arm over the same tasks (`flowrl.evaluate.secondary`).
 
 Every stage leaves its output in `out/round-<r>/`, so a second call resumes where the first stopped. A round
 with no run graded right stops with one line saying what to change.
@@ -41,6 +43,7 @@ from flowrl.data import DatasetPipeline
 from flowrl.engines.policy import Policy
 from flowrl.evaluate.agent import run_tasks
 from flowrl.evaluate.results import format_table, summarize, write_eval_json
+from flowrl.evaluate.runs import write_runs
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
 from flowrl.improve.budget import round_budget
@@ -100,6 +103,12 @@ class Improve:
                 f"{len(overlap)} tasks are both train and held-out (e.g. {sorted(overlap)[0]}): "
                 "the eval would measure memory, not improvement"
             )
+        trained_unseen = sorted({t.task_id for t in train_tasks if getattr(t, "family", "") in config.unseen_families})
+        if trained_unseen:
+            raise ImproveError(
+                f"{len(trained_unseen)} train tasks are of a held-out family (e.g. {trained_unseen[0]}): take them out "
+                "of the train tasks (flowrl.improve.user.hold_out_families)"
+            )
         self.make_agent, self.grade, self.cfg = make_agent, grade, config
         self.agents = source_of(make_agent)  # in this process, or in the agent's own Python (AgentProcess)
         self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
@@ -154,10 +163,12 @@ class Improve:
             right = datasets["n_right"]
         longest = datasets.get("longest_tokens")
         adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
+        pairs: tuple[tuple[str, str], ...] = ()
         if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
             adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], "sft", longest)
+            pairs = ((f"control-{r}", f"round-{r}"),)  # the round against its control, paired
         eval_path = folder / "eval.json"
-        data = self.evaluate(eval_path, base, adapters)
+        data = self.evaluate(eval_path, base, adapters, pairs)
         return RoundResult(r, collected, right, datasets["n_selected"], adapters[f"round-{r}"], eval_path, data["arms"])
 
     # -- 1. collect ----------------------------------------------------------------------------------
@@ -365,9 +376,16 @@ class Improve:
             f"eval-{name}", adapter, temperature=self.cfg.eval_temperature, seed=self.cfg.seed
         )
         outcomes, _stats = self._stage(
-            f"eval {name}", policy, self.out / "eval-traces" / name, {}, self.eval_tasks, lambda t: f"eval-{t.task_id}"
+            f"eval {name}", policy, self.out / "eval-traces" / name, {}, self.eval_tasks, _eval_session
         )
+        self.publish(name, outcomes)
         return outcomes
+
+    def publish(self, arm: str, outcomes: dict[str, bool]) -> None:
+        """The arm's graded runs, answer and tool calls, as `out/eval-runs/<arm>.jsonl.gz` (`flowrl.evaluate.runs`)."""
+        path = self.out / "eval-runs" / f"{arm}.jsonl.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_runs(path, self.out / "eval-traces" / arm, self.eval_tasks, outcomes, arm=arm, session=_eval_session)
 
     def _stage(
         self,
@@ -407,14 +425,20 @@ class Improve:
         path = self.out / "base-outcomes.json"
         if path.exists():
             self.on_stage("eval", "base: outcomes already measured (reused)")
-            return json.loads(path.read_text())
+            outcomes = json.loads(path.read_text())
+            if not (self.out / "eval-runs" / "base.jsonl.gz").exists():  # an earlier flowrl did not publish them
+                self.publish("base", outcomes)
+            return outcomes
         outcomes = self._eval_arm("base", Path(self.cfg.adapter) if self.cfg.adapter else None)
         _write_json(path, outcomes)
         right = sum(outcomes.values())
         self.on_stage("eval", f"base: {right} of {len(outcomes)} held-out tasks right")
         return outcomes
 
-    def evaluate(self, path: Path, base: dict[str, bool], adapters: dict[str, Path]) -> dict[str, Any]:
+    def evaluate(
+        self, path: Path, base: dict[str, bool], adapters: dict[str, Path], pairs: tuple[tuple[str, str], ...] = ()
+    ) -> dict[str, Any]:
+        """Every arm on the held-out tasks, into `path`: each arm against the base, and each (a, b) of `pairs`."""
         if path.exists():
             data = json.loads(path.read_text())
             self.on_stage("eval", f"{path.relative_to(self.out)} already written (reused)")
@@ -423,7 +447,14 @@ class Improve:
         for name, adapter in adapters.items():
             per_arm[name] = self._eval_arm(name, adapter)
         outcomes = {t.task_id: {arm: per_arm[arm][t.task_id] for arm in per_arm} for t in self.eval_tasks}
-        data = summarize(outcomes, base="base")
+        families = {t.task_id: t.family for t in self.eval_tasks if getattr(t, "family", "")}
+        data = summarize(
+            outcomes,
+            base="base",
+            pairs=list(pairs),
+            families=families,
+            unseen=self.cfg.unseen_families & set(families.values()),
+        )
         write_eval_json(path, data)
         for line in format_table(data):
             self.on_stage("eval", line)
@@ -460,6 +491,10 @@ def _longest(traces: list[Any]) -> int | None:
                 return None
             longest = max(longest, len(call.prompt_token_ids) + len(call.token_ids))
     return longest or None
+
+
+def _eval_session(task: Any) -> str:
+    return f"eval-{task.task_id}"
 
 
 def _session(r: int, sample_id: str) -> str:

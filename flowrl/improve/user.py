@@ -14,11 +14,13 @@ import hashlib
 import importlib
 import json
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flowrl.errors import ConfigError
+from flowrl.improve.config import UNSEEN_TASKS
 from flowrl.rewards.reference import answer_matches
 
 
@@ -27,6 +29,7 @@ class Task:
     task_id: str
     query: str
     answer: str
+    family: str = ""  # the kind of task ("mulsub", "capital"): eval reports each apart; --hold-out-families
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -46,28 +49,64 @@ def load_tasks(path: str | Path) -> list[Task]:
             raise ConfigError(f"{path}:{n}: not JSON ({exc}): one task a line, {{task_id, query, answer}}") from exc
         if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("task_id", "query", "answer")):
             raise ConfigError(f"{path}:{n}: a task needs task_id, query and answer, each a string")
+        if not isinstance(row.get("family", ""), str):
+            raise ConfigError(f"{path}:{n}: family must be a string (the kind of task), got {row['family']!r}")
         if row["task_id"] in seen:
             raise ConfigError(f"{path}:{n}: task_id {row['task_id']!r} repeats: every task needs its own id")
         seen.add(row["task_id"])
-        tasks.append(Task(row["task_id"], row["query"], row["answer"]))
+        tasks.append(Task(row["task_id"], row["query"], row["answer"], row.get("family", "")))
     if not tasks:
         raise ConfigError(f"--tasks {path}: no tasks in it")
     return tasks
 
 
 def split_tasks(
-    tasks: list[Task], train: int | None, held_out: int | None, seed: int = 0
+    tasks: list[Task],
+    train: int | None,
+    held_out: int | None,
+    seed: int = 0,
+    *,
+    hold_out: Collection[str] = (),
+    unseen: int = UNSEEN_TASKS,
 ) -> tuple[list[Task], list[Task]]:
-    """(train, held-out). `held_out` defaults to a third of the tasks, `train` to the rest."""
+    """(train, held-out). `held_out` defaults to a third of the tasks, `train` to the rest; families in `hold_out`
+    leave training (`hold_out_families`)."""
     ordered = sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:{t.task_id}".encode()).hexdigest())
     n_eval = held_out if held_out is not None else max(1, len(tasks) // 3)
-    n_train = train if train is not None else len(tasks) - n_eval
-    if n_eval < 1 or n_train < 1 or n_eval + n_train > len(tasks):
+    rest, held = hold_out_families(ordered[n_eval:], ordered[:n_eval], hold_out, unseen)
+    n_train = train if train is not None else len(rest)
+    if n_eval < 1 or n_train < 1 or n_train > len(rest):
         raise ConfigError(
-            f"--train-tasks {n_train} and --eval-tasks {n_eval}: the file has {len(tasks)} tasks, and each side "
-            "needs at least one, with no task in both"
+            f"--train-tasks {n_train} and --eval-tasks {n_eval}: the file has {len(tasks)} tasks"
+            + (f" ({len(tasks) - n_eval - len(rest)} of held-out families)" if hold_out else "")
+            + ", and each side needs at least one, with no task in both"
         )
-    return ordered[n_eval : n_eval + n_train], ordered[:n_eval]
+    return rest[:n_train], held
+
+
+def hold_out_families(
+    train: list[Any], held_out: list[Any], families: Collection[str], unseen: int = UNSEEN_TASKS
+) -> tuple[list[Any], list[Any]]:
+    """(train, held-out) with every task of `families` out of training. Up to `unseen` of those tasks (in the order
+    of `train`, taken from each family in turn) join the held-out set after the tasks it had, so eval reports the
+    families never trained on apart (`Task.family`). An unknown family is refused with the known ones named."""
+    wanted = {f.strip() for f in families if f.strip()}
+    if not wanted:
+        return list(train), list(held_out)
+    known = {t.family for t in [*train, *held_out] if getattr(t, "family", "")}
+    if wanted - known:
+        raise ConfigError(
+            f"--hold-out-families {','.join(sorted(wanted - known))}: no task has that family; the tasks have "
+            + (", ".join(sorted(known)) if known else "none (give each task a family in the tasks file)")
+        )
+    kept = [t for t in train if t.family not in wanted]
+    queues = {f: [t for t in train if t.family == f] for f in sorted(wanted)}
+    extra: list[Any] = []
+    while len(extra) < unseen and any(queues.values()):
+        for f in sorted(wanted):
+            if queues[f] and len(extra) < unseen:
+                extra.append(queues[f].pop(0))
+    return kept, list(held_out) + extra
 
 
 def default_grade(task: Any, answer: str) -> bool:

@@ -158,7 +158,48 @@ def success_section(group: EvalGroup, chart: str | None) -> str:
             ],
             cmp_rows,
         )
-    return html_ + _verified(group.files)
+    return html_ + _families_section(group, lead, head) + _verified(group.files)
+
+
+def _families_section(group: EvalGroup, lead: Any, head: list[str]) -> str:
+    """Success per task family (those never trained on marked unseen), then the seen and unseen subsets' paired
+    comparisons: '' when no file has families."""
+    rows = [
+        [
+            *lead(f),
+            escape(family) + (" <b>(unseen)</b>" if figures["unseen"] else ""),
+            *[f"{s['successes']}/{s['n']} ({_pct(s['rate'])})" for s in figures["arms"].values()],
+        ]
+        for f in group.files
+        for family, figures in (f.data.get("families") or {}).items()
+    ]
+    if not rows:
+        return ""
+    first = next(f for f in group.files if f.data.get("families"))
+    names = [  # arms in order; in a series of rounds, "round-2" and "round-3" share the column "round"
+        arm.removesuffix(f"-{first.round}") if group.rounds else arm
+        for arm in next(iter(first.data["families"].values()))["arms"]
+    ]
+    html_ = "<h4>Success per task family</h4>" + _table([*head, "family", *map(escape, names)], rows)
+    subset_rows = [
+        [
+            *lead(f),
+            subset,
+            f"{escape(c['b'])} vs {escape(c['a'])}",
+            next(iter(figures["arms"].values()))["n"],
+            _p_cell(c),
+            _points(c["diff"], cls=True),
+            f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]",
+        ]
+        for f in group.files
+        for subset, figures in (f.data.get("subsets") or {}).items()
+        for c in figures["comparisons"]
+    ]
+    if subset_rows:
+        html_ += _table(
+            [*head, "families", "paired", "n", "McNemar exact p", "difference", "95% CI (bootstrap)"], subset_rows
+        )
+    return html_
 
 
 def _verified(files: list[EvalFile]) -> str:
