@@ -52,7 +52,7 @@ def test_config_defaults_follow_the_issue() -> None:
     assert cfg.base_model == "smollm2-135m"
     assert (cfg.lora.enabled, cfg.lora.r, cfg.lora.alpha, cfg.lora.target_modules) == (True, 16, 32, "all-linear")
     assert cfg.resolved_output_dir == Path("out/train-grpo")
-    assert cfg.resolved_learning_rate == 1e-5
+    assert cfg.resolved_learning_rate == 1e-4
     assert TrainingConfig(
         method="sft", dataset=Path("d"), lora={"enabled": False}
     ).resolved_learning_rate == pytest.approx(2e-5)

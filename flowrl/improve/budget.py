@@ -11,6 +11,9 @@ reached 50.7% held-out.
   a multiple of 4 splits into any profile's micro-batches: `TrainingConfig.effective_batch_size`);
 - steps: `epochs` passes over the set (an epoch is ceil(rows / rows per step) steps, as the trainer counts it),
   rounded up, at most `MAX_STEPS` (48: 1,536 rows, 1.5 epochs of a set of 1,000).
+
+`grpo_budget(groups, group_size)`: `GROUPS_PER_STEP` (4) groups a step, `GRPO_ITERATIONS` (2) optimizer steps on
+each batch of rollouts, one pass over the round's groups, at most `MAX_STEPS`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["MAX_STEPS", "Budget", "round_budget"]
+__all__ = ["GRPO_ITERATIONS", "GROUPS_PER_STEP", "MAX_STEPS", "Budget", "grpo_budget", "round_budget"]
 
 MAX_STEPS = 48
+GROUPS_PER_STEP = 4  # GRPO: groups (prompts) in one optimizer step, so one task's noise does not set the step
+GRPO_ITERATIONS = 2  # GRPO: optimizer steps on each batch of rollouts (TRL's num_iterations; the ratio is clipped)
 _ROWS_PER_STEP = (4, 32)
 
 
@@ -58,3 +63,15 @@ def round_budget(rows: int, epochs: float, max_steps: int | None = None) -> Budg
     if max_steps is not None:
         return Budget(rows, batch, max_steps, capped=max_steps < wanted)
     return Budget(rows, batch, min(wanted, MAX_STEPS), capped=wanted > MAX_STEPS)
+
+
+def grpo_budget(groups: int, group_size: int, max_steps: int | None = None) -> Budget:
+    """A GRPO round: `GROUPS_PER_STEP` groups of `group_size` runs a step (fewer when the round kept fewer), each
+    batch of rollouts used for `GRPO_ITERATIONS` steps, one pass over the round's groups (they were sampled by
+    the policy that starts the round: on-policy data is used once), at most `MAX_STEPS`."""
+    per_step = max(1, min(GROUPS_PER_STEP, groups))
+    wanted = math.ceil(groups / per_step) * GRPO_ITERATIONS
+    rows = groups * group_size
+    if max_steps is not None:
+        return Budget(rows, per_step * group_size, max_steps, capped=max_steps < wanted)
+    return Budget(rows, per_step * group_size, min(wanted, MAX_STEPS), capped=wanted > MAX_STEPS)

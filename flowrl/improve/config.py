@@ -13,8 +13,10 @@ from flowrl.errors import FlowRLError
 from flowrl.flags import option
 
 METHOD_HELP = (
-    "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade."
+    "sft: rejection sampling on the runs graded right (STaR / ReST-EM); kto: every run, labelled by its grade; "
+    "grpo: RL on each round's groups of runs, from the previous round's adapter (or --adapter)."
 )
+SAMPLES = {"sft": 4, "kto": 4, "grpo": 8}  # runs per train task a round: GRPO's are its groups
 
 
 UNSEEN_TASKS = 60  # tasks of the held-out families that join the held-out set, by default
@@ -28,8 +30,10 @@ class ImproveError(FlowRLError):
 class ImproveConfig:
     out: Path
     rounds: int = option(1, "--rounds -r", "Rounds of collect, score, select, train, eval.", min=1)
-    samples: int = option(4, "--samples -k", "Runs per train task per round.", min=1)
-    method: Literal["sft", "kto"] = option("sft", "--method -m", METHOD_HELP)
+    samples: int | None = option(
+        None, "--samples -k", "Runs per train task per round (default 4; 8 with --method grpo: its group).", min=1
+    )
+    method: Literal["sft", "kto", "grpo"] = option("sft", "--method -m", METHOD_HELP)
     base_model: str = option("smollm2-135m", "--base-model -b", "Model behind the agent.")
     control: Literal["unfiltered"] | None = option(
         None, "--control", "unfiltered: also train on as many runs drawn at random (right or wrong)."
@@ -104,40 +108,68 @@ class ImproveConfig:
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        if self.method not in SAMPLES:
+            raise ImproveError(f"--method {self.method}: use {', '.join(SAMPLES)}")
+        if self.samples is None:
+            self.samples = SAMPLES[self.method]
         if self.rounds < 1 or self.samples < 1:
             raise ImproveError(f"rounds {self.rounds} and samples {self.samples}: use at least 1 of each")
-        if self.method not in ("sft", "kto"):
-            raise ImproveError(f"--method {self.method}: use sft or kto")
         if self.control not in (None, "unfiltered"):
             raise ImproveError(f"--control {self.control}: use unfiltered")
+        self._check_grpo()
         if self.temperature <= 0:
             raise ImproveError("collecting needs sampling: use a --temperature above 0")
         if self.reply_tokens < 1 or self.reply_tokens >= self.context:
             raise ImproveError(f"--reply-tokens {self.reply_tokens}: use 1 to fewer than --context {self.context}")
-        if self.from_store is not None and self.rounds > 1:
-            raise ImproveError(
-                f"--from-store with --rounds {self.rounds}: later rounds on a store's own queries are not built yet; "
-                "use --rounds 1"
-            )
-        if self.unlabelled not in ("rewards", "skip", "learned"):
-            raise ImproveError(f"--unlabelled {self.unlabelled}: use rewards, skip or learned")
-        if self.check_outcomes not in ("engine", "off"):
-            raise ImproveError(f"--check-outcomes {self.check_outcomes}: use engine or off")
-        if self.unlabelled != "rewards" and self.from_store is None:
-            raise ImproveError(f"--unlabelled {self.unlabelled} goes with --from-store (collected runs are graded)")
+        self._check_from_store()
         if not 0.5 <= self.confidence <= 1.0:
             raise ImproveError(f"--confidence {self.confidence}: use 0.5 to 1")
         if self.adapter is not None and not (Path(self.adapter) / "adapter_config.json").is_file():
             raise ImproveError(f"--adapter {self.adapter}: no adapter_config.json there; pass a LoRA adapter's folder")
-        if self.hold_out_families is not None and self.from_store is not None:
+        if self.context < 256:
+            raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
+
+    def _check_grpo(self) -> None:
+        if self.method != "grpo":
+            return
+        if self.runs_per_task < 2:
+            raise ImproveError(
+                f"--method grpo with --samples {self.samples}: a group needs at least 2 runs (8 is usual)"
+            )
+        if self.control is not None:
+            raise ImproveError(
+                "--control unfiltered with --method grpo: the control is SFT on unfiltered runs; compare GRPO with "
+                "its starting adapter instead (--adapter, the eval's base arm)"
+            )
+
+    def _check_from_store(self) -> None:
+        if self.unlabelled not in ("rewards", "skip", "learned"):
+            raise ImproveError(f"--unlabelled {self.unlabelled}: use rewards, skip or learned")
+        if self.check_outcomes not in ("engine", "off"):
+            raise ImproveError(f"--check-outcomes {self.check_outcomes}: use engine or off")
+        if self.from_store is None:
+            if self.unlabelled != "rewards":
+                raise ImproveError(f"--unlabelled {self.unlabelled} goes with --from-store (collected runs are graded)")
+            return
+        if self.method == "grpo":
+            raise ImproveError("--method grpo with --from-store: GRPO learns from groups it samples; drop --from-store")
+        if self.rounds > 1:
+            raise ImproveError(
+                f"--from-store with --rounds {self.rounds}: later rounds on a store's own queries are not built yet; "
+                "use --rounds 1"
+            )
+        if self.hold_out_families is not None:
             raise ImproveError(
                 "--hold-out-families with --from-store: the store's runs are trained on as recorded; hold families "
                 "out when collecting (drop --from-store)"
             )
-        if self.context < 256:
-            raise ImproveError(f"--context {self.context}: use at least 256 tokens (an agent's prompt needs room)")
 
     @property
     def unseen_families(self) -> frozenset[str]:
         """The families `--hold-out-families` keeps out of training."""
         return frozenset(f.strip() for f in (self.hold_out_families or "").split(",") if f.strip())
+
+    @property
+    def runs_per_task(self) -> int:
+        """`samples`, or the method's default (a GRPO round's group size)."""
+        return self.samples if self.samples is not None else SAMPLES[self.method]

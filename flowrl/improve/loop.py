@@ -33,25 +33,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowrl.data import DatasetPipeline
 from flowrl.engines.policy import Policy
 from flowrl.evaluate.agent import run_tasks
 from flowrl.evaluate.results import format_table, summarize, write_eval_json
 from flowrl.evaluate.runs import write_runs
 from flowrl.evaluate.secondary import format_rewards, reward_means, write_rewards_json
 from flowrl.improve.agents import source_of
-from flowrl.improve.budget import round_budget
+from flowrl.improve.budget import GRPO_ITERATIONS, Budget, grpo_budget, round_budget
 from flowrl.improve.config import ImproveConfig, ImproveError
-from flowrl.improve.from_store import select_from_store
-from flowrl.methods import get_method, make_builder
-from flowrl.rewards.engine import RewardEngine
-from flowrl.rewards.scoring import score_store
+from flowrl.improve.select import TRAINED_AS, Selection, build_set, rows_of
+from flowrl.methods import get_method
 from flowrl.serve.policies import PolicyServer
 from flowrl.store.files import TraceStore, atomic_write_bytes
 from flowrl.train import TrainingConfig, TrainingPipeline
@@ -162,7 +158,10 @@ class Improve:
         if self.cfg.from_store is not None:
             right = datasets["n_right"]
         longest = datasets.get("longest_tokens")
-        adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
+        if get_method(self.cfg.method).is_grpo:  # RL on from the adapter that sampled the round's groups
+            adapters = {f"round-{r}": self.train_grpo(folder / "adapter", datasets["selected"], previous)}
+        else:
+            adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
         pairs: tuple[tuple[str, str], ...] = ()
         if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
             adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], "sft", longest)
@@ -183,7 +182,7 @@ class Improve:
                 "collect", f"round {r}: {done['runs']} runs already collected, {done['right']} right (reused)"
             )
             return done["runs"], done["right"]
-        runs = [_Sample(t, k) for k in range(self.cfg.samples) for t in self.train_tasks]
+        runs = [_Sample(t, k) for k in range(self.cfg.runs_per_task) for t in self.train_tasks]
         name = f"collect-{r}"
         policy = self.policies.policy(name, adapter, temperature=self.cfg.temperature, seed=self.cfg.seed + r)
         outcomes, stats = self._stage(
@@ -197,7 +196,7 @@ class Improve:
         _write_json(marker, {"runs": len(runs), "right": right, "written": written, "verdicts": verdicts})
         self.on_stage(
             "collect",
-            f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.samples}, "
+            f"round {r}: {len(runs)} runs of {len(self.train_tasks)} tasks x {self.cfg.runs_per_task}, "
             f"{right} right ({right / max(1, len(runs)):.1%})",
         )
         return len(runs), right
@@ -217,125 +216,45 @@ class Improve:
 
     # -- 2. score, 3. select ---------------------------------------------------------------------------
     def select(self, r: int) -> dict[str, Any]:
-        """The round's datasets (`selected`, `control`: their folders) and counts, kept in `select.json`: from the
-        runs collected so far, or with `--from-store` from the store's recorded runs."""
-        folder = self.out / f"round-{r}"
-        marker = folder / "select.json"
-        if marker.exists():
-            done = json.loads(marker.read_text())
-            self.on_stage("select", f"round {r}: {done['n_selected']} runs selected (reused)")
-        else:
-            done = self._select_stored(r, folder) if self.cfg.from_store is not None else self._select(r, folder)
-            _write_json(marker, done)
-        return {k: (folder / v if k in ("selected", "control") else v) for k, v in done.items()}
-
-    def _select(self, r: int, folder: Path) -> dict[str, Any]:
-        store = self.store()
-        with RewardEngine() as engine:
-            score_store(store, engine)
-        verdicts: dict[str, bool] = {}
-        for k in range(1, r + 1):  # the user's grade, as collect recorded it: the one verdict selection uses
-            collected = self.out / f"round-{k}" / "collect.json"
-            recorded = json.loads(collected.read_text()).get("verdicts")
-            if recorded is None:
-                raise ImproveError(
-                    f"{collected} has no verdicts (an older flowrl wrote it): delete it to collect again"
-                )
-            verdicts.update(recorded)
-        traces = [t for t in store.iter_traces() if t.session_id in verdicts]
-        right = [t for t in traces if verdicts[t.session_id]]
-        if not right:
-            raise ImproveError(
-                f"round {r}: no run was graded right in {len(traces)} runs, so there is nothing to "
-                "learn from: raise --samples or --temperature, or use easier --train-tasks"
-            )
-        for t in traces:  # the grade is the label: what rejection sampling selects on
-            t.label, t.label_source = verdicts[t.session_id], "engine"
-        on_right = get_method(self.cfg.method).trains_on_right_runs  # rejection sampling (SFT), else every run (KTO)
-        done: dict[str, Any] = {
-            "n_selected": len(right) if on_right else len(traces),
-            "n_right": len(right),
-            "n_runs": len(traces),
-        }
-        chosen = right if on_right else traces
-        done["longest_tokens"] = _longest(traces)
-        self.build(folder / "data-selected", chosen)
-        done["selected"] = "data-selected"
-        if self.cfg.control == "unfiltered":
-            rng = random.Random(self.cfg.seed + r)
-            control = rng.sample(traces, k=min(len(traces), len(right)))
-            for t in control:
-                t.label = True  # SFT takes every drawn run, right or wrong
-            self.build(folder / "data-control", control, method="sft")
-            done["control"] = "data-control"
-        self.on_stage(
-            "select",
-            f"round {r}: {len(right)} of {len(traces)} runs right; {done['n_selected']} in the "
-            f"{self.cfg.method} set" + (f", {len(right)} drawn for the control" if "control" in done else ""),
-        )
-        return done
-
-    def _select_stored(self, r: int, folder: Path) -> dict[str, Any]:
-        """Round 1 of `--from-store`: the store's runs, by their verdicts (`flowrl.improve.from_store`)."""
-        spec = str(self.cfg.from_store)
-        got = select_from_store(
-            spec,
-            [t.query for t in self.eval_tasks],
-            self.cfg.method,
-            control=self.cfg.control == "unfiltered",
-            seed=self.cfg.seed + r,
-            unlabelled=self.cfg.unlabelled,
-            confidence=self.cfg.confidence,
-            check_outcomes=self.cfg.check_outcomes,
-        )
-        self.on_stage("select", f"round {r}: {got.describe(spec, self.cfg.method)}")
-        if not got.chosen or (got.right == 0 and get_method(self.cfg.method).trains_on_right_runs):
-            raise ImproveError(
-                f"round {r}: no stored run in {spec} was judged right, so there is nothing to learn from: record "
-                "outcomes (flowrl traces annotate, record_outcome) or label runs in flowrl review"
-            )
-        done: dict[str, Any] = {
-            "n_selected": len(got.chosen),
-            "n_right": got.right,
-            "n_runs": len(got.traces),
-            "from_store": got.summary(),
-            "longest_tokens": _longest(got.traces),
-            "selected": "data-selected",
-        }
-        self.build(folder / "data-selected", got.chosen)
-        if got.control is not None:
-            self.build(folder / "data-control", got.control, method="sft")
-            done["control"] = "data-control"
-        return done
+        """The round's datasets and counts (`flowrl.improve.select.Selection`)."""
+        return Selection(self.cfg, self.store(), self.eval_tasks, self.on_stage).select(r)
 
     def build(self, out: Path, traces: list[Any], method: str | None = None) -> None:
-        method = method or self.cfg.method
-        builder = make_builder(method, **(get_method(method).right_runs_only or {}))
-        DatasetPipeline(builder, val_fraction=0.0, filters=None).build(
-            [t.model_copy(update={"label_source": "manual"}) for t in traces], out, overwrite=True
-        )
+        build_set(out, traces, method or self.cfg.method)
 
     # -- 4. train --------------------------------------------------------------------------------------
     def train(self, out: Path, dataset: Path, method: str, longest: int | None = None) -> Path:
-        """A LoRA adapter in `out` on the set in `dataset`, for the steps `round_budget` gives its size; what it
-        took goes into `train.json` beside the round's eval.json."""
+        """A LoRA adapter in `out` on the set in `dataset`, for the steps `round_budget` gives its size, from the
+        production adapter when there is one."""
+        budget = round_budget(rows_of(dataset), self.cfg.epochs, self.cfg.max_steps)
+        production = Path(self.cfg.adapter) if self.cfg.adapter else None  # the deployed model, improved
+        return self._fit(
+            out, budget, method=method, dataset=dataset, init_adapter=production, max_length=self.max_length(longest)
+        )
+
+    def train_grpo(self, out: Path, dataset: Path, start: Path | None) -> Path:
+        """GRPO on the round's groups (offline GRPO replays them, with the log-probabilities the engine sampled
+        them with), from `start`, the adapter that sampled them; `grpo_budget` sets the steps."""
+        k = self.cfg.runs_per_task
+        budget = grpo_budget(rows_of(dataset), k, self.cfg.max_steps)
+        options = {"num_generations": k, "trl_args": {"num_iterations": GRPO_ITERATIONS}}
+        return self._fit(out, budget, method=TRAINED_AS["grpo"], dataset=dataset, init_adapter=start, **options)
+
+    def _fit(self, out: Path, budget: Budget, **fields: Any) -> Path:
+        """Train into `out` (reused when it holds an adapter) for `budget`'s steps, and record what it took in
+        `train.json` beside the round's eval.json."""
         name = out.relative_to(self.out).as_posix()
         if (out / "adapter_config.json").exists():
             self.on_stage("train", f"{name} already trained (reused)")
             return out
-        budget = round_budget(_rows(dataset), self.cfg.epochs, self.cfg.max_steps)
-        options = dict(self.cfg.train_options)
+        options = {**fields, **self.cfg.train_options}
         if "gradient_accumulation_steps" not in options:  # a user's own accumulation decides the batch
             options.setdefault("effective_batch_size", budget.effective_batch)
         cfg = TrainingConfig(
-            method=method,
-            dataset=dataset,
             base_model=self.cfg.base_model,
             output_dir=out,
-            init_adapter=Path(self.cfg.adapter) if self.cfg.adapter else None,  # the deployed model, improved
             max_steps=budget.steps,
             learning_rate=self.cfg.learning_rate,
-            max_length=self.max_length(longest),
             progress_bar=False,
             overwrite=True,
             seed=self.cfg.seed,
@@ -345,6 +264,8 @@ class Improve:
         settings = result.settings
         record = {
             **budget.to_dict(),
+            "method": cfg.method,
+            "init_adapter": None if cfg.init_adapter is None else str(cfg.init_adapter),
             "steps_taken": result.global_step,
             "effective_batch_size": settings.get("effective_batch_size"),
             "per_device_train_batch_size": settings.get("per_device_train_batch_size"),
@@ -470,27 +391,9 @@ class Improve:
             self.on_stage("rewards", line)
 
 
-def _rows(dataset: Path) -> int:
-    """Rows in a dataset folder's train split, as its card counts them."""
-    card = json.loads((dataset / "flowrl_dataset.json").read_text(encoding="utf-8"))
-    return int(card["counts"]["train"])
-
-
 def _merge_json(path: Path, entries: dict[str, Any]) -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     _write_json(path, {**data, **entries})
-
-
-def _longest(traces: list[Any]) -> int | None:
-    """The most tokens one LLM call of these runs held (prompt and reply, as the endpoint returned them); None when
-    a run has a call without ids (then nothing bounds its row but the context)."""
-    longest = 0
-    for trace in traces:
-        for call in trace.llm_calls:
-            if not call.prompt_token_ids or call.token_ids is None:
-                return None
-            longest = max(longest, len(call.prompt_token_ids) + len(call.token_ids))
-    return longest or None
 
 
 def _eval_session(task: Any) -> str:

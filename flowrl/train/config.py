@@ -74,7 +74,7 @@ class TrainingConfig(_Strict):
     learning_rate: float | None = flag(None, "--lr", "Learning rate (default by method, for LoRA).")
     warmup_steps: int = 0
     lr_scheduler_type: str = "linear"
-    beta: float | None = flag(None, "--beta", "KL coefficient (GRPO default 0.04; DPO/KTO default 0.1).")
+    beta: float | None = flag(None, "--beta", "KL coefficient (GRPO default 0, no reference pass; DPO/KTO 0.1).")
 
     # chosen by the hardware profile unless set
     per_device_train_batch_size: int | None = flag(
