@@ -306,6 +306,9 @@ def test_flowrl_train_with_agent_writes_rollouts_and_a_run_record(
     assert len(traces) == 2 and all(t.source == "train" and t.tool_calls[0].result for t in traces)
     record = json.loads((out / "flowrl_train.json").read_text())
     info = record["result"]["info"]
+    # each stored rollout carries the rewards it was trained on, and their weighted sum (they were stored empty)
+    (weight,) = info["reward_weights"]
+    assert [(t.rewards, t.reward_score) for t in traces] == [({"flowrl_tool_success": 1.0}, weight)] * 2
     assert info["rollouts"]["written"] == 2 and info["rollouts"]["tool_calls"] == 2
     assert info["rollout"]["episode_tokens"] == 200 and info["rollout"]["turn_tokens"] == 6
     assert (out / "adapter_model.safetensors").is_file()

@@ -6,7 +6,9 @@
   flowrl's reward engine applied to each rollout's executed trace (`flowrl_trace`), with correctness dominant as in
   the engine (reference_answer 20, task_completion 10, the style rewards 6.5 together), plus `host_grade` when the
   adapter has a `grade` function (weight 20).
-- `agent_grpo_trainer(GRPOTrainer)`: a subclass that drops groups whose rewards are all equal (their advantages are
+- `agent_grpo_trainer(GRPOTrainer)`: a subclass that records on each stored rollout the rewards it was trained
+  on (`record_rewards`: `rewards` and `reward_score`, so `flowrl review` and the report show them), and drops
+  groups whose rewards are all equal (their advantages are
   0; TRL 1.16 only reports them as `frac_reward_zero_std`, and their tokens still dilute the loss normaliser): their
   loss masks are zeroed and the normaliser recounted. It logs one line per generation batch: the rewards computed
   on the executed trajectories and the groups dropped.
@@ -151,10 +153,42 @@ def host_grade_func(adapter: AgentAdapter, rollout: AgentRollout) -> Callable[..
     return host_grade
 
 
-def agent_grpo_trainer(base: type, *, drop_zero_std: bool = True) -> type:
-    """`base` (TRL's GRPOTrainer) that drops zero-variance groups and logs each batch's rewards."""
+def record_rewards(
+    store: Any, traces: list[Any], names: list[str], weights: list[float], rows: list[list[float]]
+) -> int:
+    """Each rollout's rewards as it was trained on them, on its stored trace: `rewards` (name -> value, None where
+    the reward could not judge) and `reward_score` (their weighted sum over the ones that judged); the traces
+    written. A trace that cannot be written is logged, never raised into the run."""
+    written = 0
+    for trace, values in zip(traces, rows):
+        if trace is None:
+            continue
+        trace.rewards = {n: (None if v != v else float(v)) for n, v in zip(names, values)}
+        judged = [(w, v) for w, v in zip(weights, values) if v == v]
+        trace.reward_score = sum(w * v for w, v in judged) if judged else None
+        try:
+            store.update(trace)
+            written += 1
+        except Exception as exc:  # noqa: BLE001 - a rollout's record must not stop training
+            log.warning("flowrl: could not record the rewards of rollout %s in %s: %s", trace.trace_id, store.root, exc)
+    return written
+
+
+def agent_grpo_trainer(base: type, *, drop_zero_std: bool = True, store: Any = None) -> type:
+    """`base` (TRL's GRPOTrainer) that drops zero-variance groups, logs each batch's rewards and, with a `store`,
+    records on each rollout's trace the rewards it was trained on (`record_rewards`)."""
 
     class AgentGRPOTrainer(base):
+        def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            if store is not None:  # rows of every process, gathered: this process's come at its index
+                start = self.accelerator.process_index * len(inputs)
+                mine = rewards[start : start + len(inputs)].tolist()
+                weights = [float(w) for w in self.reward_weights]
+                traces = [inp.get("flowrl_trace") for inp in inputs]
+                record_rewards(store, traces, list(self.reward_func_names), weights, mine)
+            return rewards
+
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             out = super()._generate_and_score_completions(inputs)
             mode = "train" if self.model.training else "eval"

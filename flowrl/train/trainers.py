@@ -296,7 +296,9 @@ def build_trl_trainer(  # noqa: C901, PLR0915  # one TRL trainer per method, eac
         args = trl_config(config, settings, output_dir, reward_weights=parts.weights)
         train = parts.rollout.train_dataset()
         kwargs.update(reward_funcs=parts.funcs, rollout_func=parts.rollout.rollout_func)
-        trainer_cls = agent_grpo_trainer(trainer_cls, drop_zero_std=config.drop_zero_std_groups)
+        trainer_cls = agent_grpo_trainer(
+            trainer_cls, drop_zero_std=config.drop_zero_std_groups, store=parts.rollout.store
+        )
     elif spec.online:  # online: TRL generates
         info["tools_not_executed"] = warn_unexecuted_tools(data)
         if reward_funcs:
