@@ -80,3 +80,11 @@ def test_the_report_shows_success_per_family_with_the_unseen_ones_marked(tmp_pat
     assert "Success per task family" in page and "summul <b>(unseen)</b>" in page
     assert "<th>families</th>" in page and "unseen" in page
     assert "Every figure recomputes from the per-task outcomes." in page
+
+
+def test_an_insignificant_difference_is_not_drawn_as_better(tmp_path: Path) -> None:
+    """Issue 39: p = 0.625 and [-3.3, +10.0] was drawn in green with no word."""
+    outcomes = {f"t{i}": {"base": i < 3, "round-1": i < 3 or 3 <= i < 6} for i in range(30)}  # 3 vs 6: p = 0.25
+    write_eval_json(tmp_path / "run" / "eval.json", summarize(outcomes))
+    page = make_report(TraceStore(tmp_path / "store"), tmp_path / "out", [tmp_path / "run"]).html.read_text()
+    assert "(not significant)" in page and '<span class="better">+10.0 pts</span>' not in page

@@ -104,9 +104,19 @@ def _points(x: float, cls: bool = False) -> str:
     return f'<span class="{"better" if x > 0 else "worse" if x < 0 else ""}">{text}</span>' if cls else text
 
 
+SIGNIFICANT = 0.05  # McNemar p below which a difference is drawn better or worse
+
+
 def _p_cell(c: dict[str, Any]) -> str:
-    cls = "" if c["mcnemar_p"] >= 0.05 else "better" if c["diff"] > 0 else "worse" if c["diff"] < 0 else ""
+    if c["mcnemar_p"] >= SIGNIFICANT:
+        return f'{c["mcnemar_p"]:.3g} <span class="muted">(not significant)</span>'
+    cls = "better" if c["diff"] > 0 else "worse" if c["diff"] < 0 else ""
     return f'<span class="{cls}">{c["mcnemar_p"]:.3g}</span>'
+
+
+def _diff_cell(c: dict[str, Any]) -> str:
+    """The difference, coloured only when McNemar's test says it is not luck (p < 0.05)."""
+    return _points(c["diff"], cls=c["mcnemar_p"] < SIGNIFICANT)
 
 
 def success_section(group: EvalGroup, chart: str | None) -> str:
@@ -134,7 +144,7 @@ def success_section(group: EvalGroup, chart: str | None) -> str:
             c["only_b"],
             c["neither"],
             _p_cell(c),
-            _points(c["diff"], cls=True),
+            _diff_cell(c),
             f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]",
         ]
         for f in group.files
@@ -188,7 +198,7 @@ def _families_section(group: EvalGroup, lead: Any, head: list[str]) -> str:
             f"{escape(c['b'])} vs {escape(c['a'])}",
             next(iter(figures["arms"].values()))["n"],
             _p_cell(c),
-            _points(c["diff"], cls=True),
+            _diff_cell(c),
             f"[{_points(c['diff_ci95'][0])}, {_points(c['diff_ci95'][1])}]",
         ]
         for f in group.files
