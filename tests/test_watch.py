@@ -202,3 +202,17 @@ def test_watch_once_into_a_segment_store_remembers_what_it_read(
     assert sorted(t.user_query for t in reader.iter_traces()) == ["q1", "q2"]
     again = Watcher([root], store).run_once()
     assert (again.files_read, again.new) == (0, 0)
+
+
+def test_a_lock_file_planted_as_a_link_is_not_followed_out_of_the_store(root: Path, tmp_path: Path) -> None:
+    """Issue 39: a `.flowrl-watch.lock` symlink to a path outside the store made `flowrl watch` create its target."""
+    from flowrl.ingest.watch import LOCK_NAME
+
+    store = TraceStore(tmp_path / "store")
+    store.root.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside" / "planted"
+    outside.parent.mkdir()
+    (store.root / LOCK_NAME).symlink_to(outside)
+    Watcher([root], store).run_once()
+    assert not outside.exists()
+    assert not (store.root / LOCK_NAME).is_symlink()

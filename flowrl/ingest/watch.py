@@ -56,7 +56,7 @@ from flowrl.ingest.times import printable
 from flowrl.ingest.unpickler import read_bytes
 from flowrl.ingest.upgrade import StoreUpgrader
 from flowrl.store.files import TraceStore, atomic_write_bytes, default_root
-from flowrl.store.index import STAGING
+from flowrl.store.index import STAGING, open_lock
 from flowrl.trace.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class Watcher:
         except ImportError:  # pragma: no cover - Windows: no lock, one watcher per store is up to the user
             log.warning("flowrl: no file locking on this platform; run one watcher per store")
             return
-        fh = open(self.home / LOCK_NAME, "a+")
+        fh = os.fdopen(open_lock(self.home / LOCK_NAME), "r+")  # never through a link planted in its place
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
