@@ -97,7 +97,8 @@ def test_each_method_trains_two_steps_and_the_adapter_changes_outputs(method: st
     for r in steps:
         assert {"loss", "learning_rate", "grad_norm", "trl"} <= set(r)
     if method.startswith("grpo"):
-        assert {"reward_mean", "reward_std", "kl", "tokens_per_s"} <= set(steps[-1])
+        assert {"reward_mean", "reward_std", "tokens_per_s"} <= set(steps[-1])
+        assert "kl" not in steps[-1]  # beta 0 by default: no reference pass, so no KL to log
 
     card = (out / "README.md").read_text()
     assert method.upper() in card and "flowrl 0." in card and "| step |" in card

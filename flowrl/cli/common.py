@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 from rich.console import Console
 
+from flowrl.errors import ConfigError
 from flowrl.store.files import ReadProblem, TraceStore
 from flowrl.store.opener import open_store as open_any_store
 
@@ -42,10 +43,20 @@ StoreOption = typer.Option(
 )
 
 
-def open_store(store: Path | str | None) -> Any:
+def open_store(store: Path | str | None, *, missing_ok: bool = False) -> Any:
     """The store `--store` names (`flowrl.store.opener.open_store`): a `TraceStore` for a folder of per-trace JSON,
-    a `SegmentStore` for a URL or a folder holding `segments/`. Typed `Any`: both have the API commands use."""
-    return open_any_store(store)
+    a `SegmentStore` for a URL or a folder holding `segments/`. Typed `Any`: both have the API commands use.
+
+    A local folder that does not exist is an error for a command that reads (it would look like an empty store),
+    unless it may be missing (`missing_ok`: ingest, watch and the OTLP receiver create it)."""
+    opened = open_any_store(store)
+    root = getattr(opened, "root", None)
+    if not missing_ok and isinstance(root, Path) and not root.exists():
+        raise ConfigError(
+            f"no trace store at {root}: check --store, or put traces there first "
+            "(hook_into_agent, or `flowrl ingest PATH --store ...`)"
+        )
+    return opened
 
 
 def report_problems(source: TraceStore | SegmentStore | Iterable[ReadProblem]) -> None:

@@ -73,7 +73,7 @@ def ingest_cmd(
     lines or protobuf: gen_ai, OpenInference) and OpenAI-format chat logs into the trace store."""
     from flowrl.ingest import ingest_paths  # lazy: keeps `flowrl --help` fast
 
-    st = open_store(store)
+    st = open_store(store, missing_ok=True)
     count = [0]
     with err_console.status("reading...") as status:
 
@@ -105,7 +105,7 @@ def watch_cmd(
 
     # watchdog 7.1 warns each time it re-adds a watch for a directory created in a burst; harmless noise
     warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning)
-    st = open_store(store)
+    st = open_store(store, missing_ok=True)
     on_message = (lambda msg: console.print(msg, highlight=False, markup=False)) if verbose_files else None
     watcher = Watcher(
         paths, st, debounce=debounce, rescan_interval=rescan, live_idle_s=live_idle, on_message=on_message
@@ -138,7 +138,7 @@ def serve_otlp_cmd(
     from flowrl.ingest.otlp_receiver import OTLPReceiver, make_server  # lazy: keeps `flowrl --help` fast
     from flowrl.localhost import LOCAL_HOSTS  # lazy: keeps `flowrl --help` fast
 
-    st = open_store(store)
+    st = open_store(store, missing_ok=True)
     receiver = OTLPReceiver(st, pending_s=pending)
     server = make_server(receiver, host, port, allow_remote=allow_remote)
     if host not in LOCAL_HOSTS:

@@ -17,7 +17,7 @@ def report(
     """Write an HTML report: traces per day, rewards, labels, tools, training curves, before/after eval."""
     from flowrl.report import make_report  # lazy: keeps `flowrl --help` fast
 
-    st = open_store(store)
+    st = open_store(store, missing_ok=store is None and bool(run))  # runs alone make a report
     result = make_report(st, out, run)
     report_problems(st)
     console.print(f"report: {result.html} ({result.metrics.traces} traces, {len(result.pngs)} charts)")

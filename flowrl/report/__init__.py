@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from flowrl.errors import FlowRLError
 from flowrl.report.metrics import StoreMetrics, find_eval_files, find_runs, group_eval_files, store_metrics
 from flowrl.store.files import TraceStore, atomic_write_bytes
 
@@ -24,6 +25,12 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
     the success rates with their intervals and the paired tests."""
     from flowrl.report import html, plots  # lazy: a package's __init__ imports its modules on first use
 
+    for run in runs or []:  # a folder that adds nothing would give a page that looks complete
+        if not any(find_runs([run])) and not find_eval_files([run]):
+            raise FlowRLError(
+                f"--run {run}: no metrics.jsonl, eval_report.json or eval JSON in it or right below: pass the output "
+                "folder of `flowrl train`, `flowrl eval` or `flowrl improve`"
+            )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     m = store_metrics(store)
