@@ -53,3 +53,19 @@ def test_an_effective_batch_that_cannot_be_split_is_refused_in_one_line() -> Non
     multi = HardwareInfo("cpu", cpu_count=4, world_size=3)
     with pytest.raises(ConfigError, match="does not split over 3 processes"):
         resolve_settings(TrainingConfig(method="sft", dataset="s", effective_batch_size=8), multi)
+
+
+def test_a_grpo_round_of_long_agent_runs_trains_in_small_micro_batches_on_a_cpu() -> None:
+    """A GRPO round of 4 groups of 8 agent runs of 1,500 tokens took 15 GB in micro-batches of 4 (killed for
+    memory); the longest run now sizes the micro-batch, as for SFT, and the update stays 32 rows."""
+    from flowrl.improve.budget import grpo_budget
+
+    budget = grpo_budget(groups=10, group_size=8)
+    assert (budget.effective_batch, budget.steps) == (32, 6)  # 3 batches of rollouts, 2 steps each
+    config = TrainingConfig(
+        method="grpo-offline", dataset="s", effective_batch_size=32, num_generations=8, max_length=1500
+    )
+    cpu = resolve_settings(config, CPU)
+    assert (cpu.per_device_train_batch_size, cpu.gradient_accumulation_steps) == (2, 16)
+    assert cpu.gradient_checkpointing and cpu.effective_batch_size == 32
+    assert resolve_settings(config, GPU).effective_batch_size == 32

@@ -159,7 +159,7 @@ class Improve:
             right = datasets["n_right"]
         longest = datasets.get("longest_tokens")
         if get_method(self.cfg.method).is_grpo:  # RL on from the adapter that sampled the round's groups
-            adapters = {f"round-{r}": self.train_grpo(folder / "adapter", datasets["selected"], previous)}
+            adapters = {f"round-{r}": self.train_grpo(folder / "adapter", datasets["selected"], previous, longest)}
         else:
             adapters = {f"round-{r}": self.train(folder / "adapter", datasets["selected"], self.cfg.method, longest)}
         pairs: tuple[tuple[str, str], ...] = ()
@@ -232,12 +232,17 @@ class Improve:
             out, budget, method=method, dataset=dataset, init_adapter=production, max_length=self.max_length(longest)
         )
 
-    def train_grpo(self, out: Path, dataset: Path, start: Path | None) -> Path:
+    def train_grpo(self, out: Path, dataset: Path, start: Path | None, longest: int | None = None) -> Path:
         """GRPO on the round's groups (offline GRPO replays them, with the log-probabilities the engine sampled
-        them with), from `start`, the adapter that sampled them; `grpo_budget` sets the steps."""
+        them with), from `start`, the adapter that sampled them; `grpo_budget` sets the steps. The longest run
+        sizes the micro-batch, as for SFT (a batch of 4 agent runs of 1,000+ tokens took 15 GB on a CPU)."""
         k = self.cfg.runs_per_task
         budget = grpo_budget(rows_of(dataset), k, self.cfg.max_steps)
-        options = {"num_generations": k, "trl_args": {"num_iterations": GRPO_ITERATIONS}}
+        options = {
+            "num_generations": k,
+            "max_length": self.max_length(longest),
+            "trl_args": {"num_iterations": GRPO_ITERATIONS},
+        }
         return self._fit(out, budget, method=TRAINED_AS["grpo"], dataset=dataset, init_adapter=start, **options)
 
     def _fit(self, out: Path, budget: Budget, **fields: Any) -> Path:

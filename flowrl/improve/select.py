@@ -133,6 +133,7 @@ class Selection:
             "groups_all_right": sum(v == {True} for v in by_task.values()),
             "groups_all_wrong": sum(v == {False} for v in by_task.values()),
             "runs_cut": cut,
+            "longest_tokens": _longest(traces),
             "selected": "data-selected",
         }
 

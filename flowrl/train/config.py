@@ -102,7 +102,13 @@ class TrainingConfig(_Strict):
     load_in_4bit: bool | None = flag(
         None, "--4bit/--no-4bit", "QLoRA: load the base in 4 bits (default: when a GPU and bitsandbytes are there)."
     )
-    max_length: int | None = flag(None, "--max-length", "Max tokens per example for SFT, DPO and KTO.", ge=8)
+    max_length: int | None = flag(
+        None,
+        "--max-length",
+        "Max tokens per example for SFT, DPO and KTO; for GRPO the longest prompt and completion, which sizes the "
+        "micro-batch (the profile's tokens a micro-batch kept).",
+        ge=8,
+    )
     max_completion_length: int | None = flag(None, "--max-completion-length", "Max tokens per GRPO completion.", ge=1)
 
     # GRPO online: flowrl's rewards (all of the engine's by default), from a reward config file if given

@@ -240,16 +240,22 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
         micro = max(smallest, batch * prof.max_length // max_length)
         if micro < batch:
             steps = -(-batch // micro)
-            notes.append(
-                f"max_length {max_length} > {prof.max_length}: batch {batch} -> {micro} per step with "
-                f"{accumulation * steps} accumulation steps (about the same update, less memory)"
-            )
+            if config.effective_batch_size is None:  # else the split below says what it chose
+                notes.append(
+                    f"max_length {max_length} > {prof.max_length}: batch {batch} -> {micro} per step with "
+                    f"{accumulation * steps} accumulation steps (about the same update, less memory)"
+                )
             batch, accumulation = micro, accumulation * steps
         if config.gradient_checkpointing is None and not checkpointing:
             checkpointing = True
             notes.append(f"max_length {max_length} > {prof.max_length}: activation checkpointing on (memory)")
     if config.effective_batch_size is not None:
         batch, accumulation = _split_batch(config, batch, world, spec.encoding_spec.min_batch_rows)
+        if batch < prof.per_device_train_batch_size and max_length > prof.max_length:
+            notes.append(
+                f"max_length {max_length} > {prof.max_length}: {batch} rows a device x {accumulation} accumulation "
+                f"(effective batch {config.effective_batch_size}, less memory)"
+            )
     if spec.is_grpo:
         if config.num_generations is None:
             generations = _largest_divisor(batch * world * accumulation, prof.num_generations)
