@@ -204,6 +204,29 @@ class RunSettings(HardwareProfile):
         return {"profile": data.pop("name"), **data, "effective_batch_size": self.effective_batch_size}
 
 
+def _fit_long_rows(
+    config: Any, prof: HardwareProfile, max_length: int, chosen: tuple[int, int, bool], smallest: int, notes: list[str]
+) -> tuple[int, int, bool]:
+    """(batch, accumulation, checkpointing) for rows longer than the profile's. The profile's batch was sized for
+    rows of `prof.max_length` tokens: keep its tokens per micro-batch (and its update: accumulation makes up the
+    rows) and recompute activations, or long agent rows (a FlowAgent's are about 2,500 tokens) take the machine's
+    memory (4 x 2,500 tokens on SmolLM2 in fp32: over 22 GiB)."""
+    batch, accumulation, checkpointing = chosen
+    micro = max(smallest, batch * prof.max_length // max_length)
+    if micro < batch:
+        steps = -(-batch // micro)
+        if config.effective_batch_size is None:  # else the split of the effective batch says what it chose
+            notes.append(
+                f"max_length {max_length} > {prof.max_length}: batch {batch} -> {micro} per step with "
+                f"{accumulation * steps} accumulation steps (about the same update, less memory)"
+            )
+        batch, accumulation = micro, accumulation * steps
+    if config.gradient_checkpointing is None and not checkpointing:
+        checkpointing = True
+        notes.append(f"max_length {max_length} > {prof.max_length}: activation checkpointing on (memory)")
+    return batch, accumulation, checkpointing
+
+
 def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | None = None) -> RunSettings:
     """Lay a `TrainingConfig` over the profile for `hw`, checking what TRL would refuse later."""
     prof = profile or choose_profile(hw, lora=config.lora.enabled)
@@ -233,22 +256,9 @@ def resolve_settings(config: Any, hw: HardwareInfo, profile: HardwareProfile | N
     )
     max_length = config.max_length or prof.max_length
     if max_length > prof.max_length and config.per_device_train_batch_size is None:
-        # the profile's batch was sized for rows of prof.max_length tokens: keep its tokens per micro-batch (and its
-        # update: accumulation makes up the rows) and recompute activations, or long agent rows (a FlowAgent's are
-        # about 2,500 tokens) take the machine's memory (4 x 2,500 tokens on SmolLM2 in fp32: over 22 GiB)
-        smallest = spec.encoding_spec.min_batch_rows
-        micro = max(smallest, batch * prof.max_length // max_length)
-        if micro < batch:
-            steps = -(-batch // micro)
-            if config.effective_batch_size is None:  # else the split below says what it chose
-                notes.append(
-                    f"max_length {max_length} > {prof.max_length}: batch {batch} -> {micro} per step with "
-                    f"{accumulation * steps} accumulation steps (about the same update, less memory)"
-                )
-            batch, accumulation = micro, accumulation * steps
-        if config.gradient_checkpointing is None and not checkpointing:
-            checkpointing = True
-            notes.append(f"max_length {max_length} > {prof.max_length}: activation checkpointing on (memory)")
+        batch, accumulation, checkpointing = _fit_long_rows(
+            config, prof, max_length, (batch, accumulation, checkpointing), spec.encoding_spec.min_batch_rows, notes
+        )
     if config.effective_batch_size is not None:
         batch, accumulation = _split_batch(config, batch, world, spec.encoding_spec.min_batch_rows)
         if batch < prof.per_device_train_batch_size and max_length > prof.max_length:
