@@ -59,6 +59,20 @@ def open_store(store: Path | str | None, *, missing_ok: bool = False) -> Any:
     return opened
 
 
+def output_folder(path: Path, flag: str) -> Path:
+    """`path`, made as the folder a command writes into, before any work: a path through a file
+    (`garbage.json/out`), or one that cannot be made (`/proc/nope`, no permission), stops in one line naming it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path}: that is a file, not a folder: choose another path")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(f"{flag} {path}: cannot make that folder ({reason}): choose a folder you can write") from exc
+    return path
+
+
 def report_problems(source: TraceStore | SegmentStore | Iterable[ReadProblem]) -> None:
     """Name every unreadable file one operation skipped, one line each, on stderr: those of a
     `store.operation()` record, or, given the store, of its latest operation."""

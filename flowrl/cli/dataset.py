@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from flowrl.cli.common import StoreOption, console, err_console, open_store, progress_bar, report_problems
+from flowrl.cli.common import (
+    StoreOption,
+    console,
+    err_console,
+    open_store,
+    output_folder,
+    progress_bar,
+    report_problems,
+)
 from flowrl.cli.dataset_options import BuildOptions
 from flowrl.cli.options import config_options
 from flowrl.methods import get_method
@@ -32,8 +40,8 @@ def build_dataset(
     builder = options.builder()
     filters = options.filters()
     pipeline = options.pipeline(builder, filters)
-    out = options.out
     st = open_store(store)
+    out = output_folder(options.out, "--out")
     try:
         if quiet:
             result = pipeline.build(st, out, parquet=parquet, overwrite=overwrite)

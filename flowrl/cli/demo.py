@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flowrl.cli.common import progress_bar
+from flowrl.cli.common import output_folder, progress_bar
 
 
 def demo(  # noqa: PLR0913  # a typer command: one parameter per option
@@ -36,6 +36,7 @@ report."""
 
     from flowrl.demo.run import Demo, DemoConfig, StageResult  # lazy: keeps `flowrl --help` fast
 
+    output_folder(out, "--out")
     cfg = DemoConfig(
         out=out,
         repeats=repeats,

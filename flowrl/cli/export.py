@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flowrl.cli.common import console
+from flowrl.cli.common import console, output_folder
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +54,7 @@ def export(  # noqa: PLR0913  # a typer command: one parameter per option
 
     if no_verify and verify not in (None, "none"):
         raise ExportError(f"--no-verify and --verify {verify} contradict each other: give one of them")
+    output_folder(out, "--out")  # before minutes of merging
     pipeline = ExportPipeline(
         model,
         out,

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from flowrl.cli.common import example_agent, progress_bar
+from flowrl.cli.common import example_agent, output_folder, progress_bar
 from flowrl.cli.options import config_options
 from flowrl.improve.config import ImproveConfig
 
@@ -75,6 +75,7 @@ def improve_cmd(
     progress, on_progress, on_stage = _progress_ui()
     with contextlib.ExitStack() as stack:
         cfg = ImproveConfig(out=out, **fields)  # it checks the values and names the allowed ones
+        output_folder(out, "--out")
         make_agent, train, held_out, grader = _agent_and_tasks(
             stack, agent, agent_python, tasks, grade, train_tasks, eval_tasks, cfg
         )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flowrl.cli.common import StoreOption, console, open_store, report_problems
+from flowrl.cli.common import StoreOption, console, open_store, output_folder, report_problems
 
 
 def report(
@@ -18,6 +18,7 @@ def report(
     from flowrl.report import make_report  # lazy: keeps `flowrl --help` fast
 
     st = open_store(store, missing_ok=store is None and bool(run))  # runs alone make a report
+    output_folder(out, "--out")
     result = make_report(st, out, run)
     report_problems(st)
     console.print(f"report: {result.html} ({result.metrics.traces} traces, {len(result.pngs)} charts)")

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent
+from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent, output_folder
 from flowrl.cli.options import config_options
 from flowrl.errors import ConfigError
 from flowrl.train.config import TrainingConfig
@@ -147,6 +147,8 @@ def train(
             "give --method and --dataset (or --agent for GRPO through an agent; or a --config file that sets them)"
         )
     cfg = TrainingConfig.from_dict(base, **flags)
+    if is_main_process():
+        output_folder(cfg.resolved_output_dir, "--output-dir")
     hardware = detect_hardware()
     source = (
         cfg.dataset
@@ -249,6 +251,10 @@ def eval_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
     """Compare a model with its base: the agent loop on held-out tasks (--agent example: success rates with
     intervals and a paired test), or single-turn answers to held-out prompts scored by the rewards (--prompts)."""
     _quiet_known_warnings()
+    if json_out is not None:
+        output_folder(Path(json_out).parent, "--json")
+    if out is not None:
+        output_folder(out, "--out")
     if agent is not None:
         _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency, engine)
         return
