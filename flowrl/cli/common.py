@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -71,6 +72,16 @@ def output_folder(path: Path, flag: str) -> Path:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError(f"{flag} {path}: cannot make that folder ({reason}): choose a folder you can write") from exc
     return path
+
+
+@contextlib.contextmanager
+def on_ctrl_c(what_is_kept: str) -> Iterator[None]:
+    """Ctrl-C inside: one line on stderr saying what was kept and how to go on, then exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err_console.print(f"flowrl: interrupted: {what_is_kept}", highlight=False, markup=False)
+        raise typer.Exit(130) from None
 
 
 def report_problems(source: TraceStore | SegmentStore | Iterable[ReadProblem]) -> None:

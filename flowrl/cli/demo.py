@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from flowrl.cli.common import output_folder, progress_bar
+from flowrl.cli.common import on_ctrl_c, output_folder, progress_bar
 
 
 def demo(  # noqa: PLR0913  # a typer command: one parameter per option
@@ -52,7 +52,8 @@ report."""
     )
     started = time.perf_counter()
     screen = Console(file=sys.stdout, soft_wrap=True)  # bound now: stages send library chatter to demo-out/logs/
-    with progress_bar(screen) as progress:
+    kept = f"finished stages are kept in {out}; run `flowrl demo --out {out}` again to go on (--fresh starts over)"
+    with on_ctrl_c(kept), progress_bar(screen) as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_progress(stage: str, done: int, total: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from flowrl.cli.common import example_agent, output_folder, progress_bar
+from flowrl.cli.common import example_agent, on_ctrl_c, output_folder, progress_bar
 from flowrl.cli.options import config_options
 from flowrl.improve.config import ImproveConfig
 
@@ -81,6 +81,7 @@ def improve_cmd(
         )
         if cfg.from_store is not None:  # nothing is collected: no train task; with --tasks, every task is held-out
             train, held_out = [], held_out if agent is None else (held_out + train)[: eval_tasks or None]
+        stack.enter_context(on_ctrl_c(f"every finished stage is kept in {out}; run the same command again to go on"))
         stack.enter_context(progress)
         results = improve(make_agent, train, held_out, grader, cfg, on_stage=on_stage, on_progress=on_progress)
     last = results[-1]

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent, output_folder
+from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent, on_ctrl_c, output_folder
 from flowrl.cli.options import config_options
 from flowrl.errors import ConfigError
 from flowrl.train.config import TrainingConfig
@@ -256,7 +256,8 @@ def eval_cmd(  # noqa: PLR0913  # a typer command: one parameter per option
     if out is not None:
         output_folder(out, "--out")
     if agent is not None:
-        _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency, engine)
+        with on_ctrl_c("nothing was written (eval.json is written once every arm has run); run it again"):
+            _eval_agent(agent, model, baseline, eval_tasks, json_out, concurrency, engine)
         return
     if prompts is None:
         raise ConfigError(
