@@ -317,3 +317,32 @@ def test_import_flowrl_stays_light() -> None:
     code = "import sys, flowrl, flowrl.cli; bad = {'starlette', 'jinja2', 'uvicorn'} & set(sys.modules); print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "set()"
+
+
+def test_the_page_counts_the_tool_calls_the_rewards_read() -> None:
+    """Issue 39: "tool calls 1" for a run whose transcript shows 3 calls and whose tool_success counted 2: the
+    count read only the `tool_calls` field. It now counts `flowrl.trace.facts.tool_calls` (final_answer left out)."""
+    from flowrl.review.view import numbers
+    from flowrl.rewards.tool_success import ToolSuccessReward
+    from flowrl.trace.schema import ToolCallTrace
+
+    def call(i: int, name: str, args: str) -> dict[str, Any]:
+        return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": args}}
+
+    messages = [
+        {"role": "user", "content": "What is 12 * 7 + 1?"},
+        {"role": "assistant", "content": "", "tool_calls": [call(1, "exec_code", '{"code": "print(12*7)"}')]},
+        {"role": "tool", "tool_call_id": "c1", "content": "84"},
+        {"role": "assistant", "content": "", "tool_calls": [call(2, "exec_code", '{"code": "print(84+1)"}')]},
+        {"role": "tool", "tool_call_id": "c2", "content": "85"},
+        {"role": "assistant", "content": "", "tool_calls": [call(3, "final_answer", '{"answer": "85"}')]},
+        {"role": "tool", "tool_call_id": "c3", "content": "85"},
+    ]
+    trace = ExecutionTrace(
+        user_query="What is 12 * 7 + 1?",
+        messages=messages,
+        tool_calls=[ToolCallTrace(tool_name="exec_code", arguments={"code": "print(12*7)"}, result="84", call_id="c1")],
+        final_response="85",
+    )
+    assert dict(numbers(trace))["tool calls"] == "2"
+    assert ToolSuccessReward().score(trace).details["calls"] == 2  # what the reward counted

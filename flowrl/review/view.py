@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrl.trace.conversation import synthesize_messages
-from flowrl.trace.facts import answer_text, label_at, reference
+from flowrl.trace.facts import answer_text, label_at, reference, tool_calls
 from flowrl.trace.schema import ExecutionTrace
 from flowrl.trace.transcript import normalize_message
 
@@ -132,7 +132,9 @@ def numbers(trace: ExecutionTrace) -> list[tuple[str, str]]:
         out.append(("LLM latency", f"{latency / 1000:.2f} s"))
     out.append(("cost", "–" if trace.total_cost is None else f"${trace.total_cost:.4f}"))
     out.append(("LLM calls", str(trace.llm_calls_count if trace.llm_calls_count is not None else len(calls))))
-    out.append(("tool calls", str(len(trace.tool_calls))))
+    # the calls every reward reads (flowrl.trace.facts.tool_calls: the recorded ones and the transcript's, control
+    # tools such as final_answer left out), not only the `tool_calls` field
+    out.append(("tool calls", str(len(tool_calls(trace)))))
     return out
 
 
