@@ -346,3 +346,11 @@ def test_the_page_counts_the_tool_calls_the_rewards_read() -> None:
     )
     assert dict(numbers(trace))["tool calls"] == "2"
     assert ToolSuccessReward().score(trace).details["calls"] == 2  # what the reward counted
+
+
+def test_a_host_that_is_no_address_of_this_machine_is_blamed_not_the_port(tmp_path: Path, capsys: Any) -> None:
+    """Issue 39: `flowrl review --host 999.1.1.1` said "pick another --port"."""
+    (tmp_path / "store").mkdir()
+    assert main(["review", "--host", "999.1.1.1", "--store", str(tmp_path / "store")]) != 0
+    err = capsys.readouterr().err
+    assert "--host" in err.splitlines()[-1] and "--port" not in err.splitlines()[-1]

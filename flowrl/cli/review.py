@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import secrets
 import socket
 from pathlib import Path
@@ -75,7 +76,10 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}: pick another --port") from exc
+        # the address, not the port, when the host cannot be resolved or is not this machine's
+        bad_host = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        fix = "pick an address of this machine for --host (default 127.0.0.1)" if bad_host else "pick another --port"
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}: {fix}") from exc
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
