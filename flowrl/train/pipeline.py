@@ -17,6 +17,7 @@ import logging
 import shutil
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,12 @@ RUN_OUTPUTS = (
     "runs",
 )
 # a folder holding one of these has a saved model or run record: only --resume or --overwrite may touch it
+# FutureWarnings transformers 5 gives when TRL or PEFT use its old names (`is_gradient_checkpointing`,
+# `gradient_checkpointing_enable` / `_disable`): printed on every run, fixed upstream, nothing a user can do
+KNOWN_DEPRECATIONS = (
+    r".*`is_gradient_checkpointing` is deprecated",
+    r".*`gradient_checkpointing_(en|dis)able` is deprecated",
+)
 SAVED_MARKERS = (RUN_FILE, "adapter_model.safetensors", "model.safetensors")
 
 
@@ -369,14 +376,17 @@ class TrainingPipeline:
         self.agent = agent  # an AgentAdapter (or `config.agent`): GRPO rollouts through the agent's own loop
 
     def run(self) -> TrainResult:
-        trainer = RLTrainer(
-            self.config,
-            hardware=self.hardware,
-            callbacks=self.callbacks,
-            reward_funcs=self.reward_funcs,
-            agent=self.agent,
-        )
-        result = trainer.train()
+        with warnings.catch_warnings():
+            for alias in KNOWN_DEPRECATIONS:  # transformers' own renames, read by TRL and PEFT: nothing to act on
+                warnings.filterwarnings("ignore", message=alias, category=FutureWarning)
+            trainer = RLTrainer(
+                self.config,
+                hardware=self.hardware,
+                callbacks=self.callbacks,
+                reward_funcs=self.reward_funcs,
+                agent=self.agent,
+            )
+            result = trainer.train()
         if not trainer.trainer.is_world_process_zero():  # other ranks of `accelerate launch`: rank 0 writes
             return result
         out = result.output_dir
