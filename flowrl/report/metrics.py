@@ -22,8 +22,9 @@ from typing import Any
 from flowrl.errors import FlowRLError
 from flowrl.evaluate.results import read_eval_json, verify
 from flowrl.store.files import TraceStore
-from flowrl.trace.facts import label_at, run_outcome, tally_tools
+from flowrl.trace.facts import declared_tools, label_at, run_outcome, tally_tools
 
+UNDECLARED = "(a name the run did not offer)"  # tool calls to tools the agent does not have, counted together
 log = logging.getLogger(__name__)
 
 
@@ -69,8 +70,10 @@ def store_metrics(store: TraceStore) -> StoreMetrics:
             m.combined.append(float(t.reward_score))
         label, source = label_at(t)
         m.labels["unlabelled" if label is None else f"{'good' if label else 'bad'} ({source})"] += 1
+        offered = declared_tools(t)
         for name, tally in tally_tools(t).items():
-            stats = m.tools[name]
+            # a name the run never offered ("Berlin", "Capital of Germany") is the model's invention, not a tool
+            stats = m.tools[name if offered is None or name in offered else UNDECLARED]
             stats.calls += tally.calls
             stats.failures += tally.failed
         m.success[run_outcome(t).verdict] += 1

@@ -515,6 +515,18 @@ def tally_tools(trace: ExecutionTrace) -> dict[str, ToolTally]:
     return dict(trace.facts.tools) if trace.facts is not None else tool_tallies(trace)
 
 
+def declared_tools(trace: ExecutionTrace) -> frozenset[str] | None:
+    """The tool names the run offered the model (`trace.tools`, OpenAI or plain schemas) and the control tools
+    (`CONTROL_TOOLS`); None when the trace records no tools, so nothing can be called undeclared."""
+    names = set()
+    for schema in trace.tools:
+        if isinstance(schema, dict):
+            inner = schema.get("function") if isinstance(schema.get("function"), dict) else schema
+            if isinstance(inner.get("name"), str):
+                names.add(inner["name"])
+    return frozenset(names | set(CONTROL_TOOLS)) if names else None
+
+
 def honest_tool_calls(calls: list[Any]) -> list[Any]:
     """Logged tool-call dicts (a trace file's `tool_calls`) with `success` made honest by rule 1 (copies)."""
     out = []
@@ -528,6 +540,7 @@ def honest_tool_calls(calls: list[Any]) -> list[Any]:
 
 __all__ = [
     "CONTROL_TOOLS",
+    "declared_tools",
     "CORRECTNESS",
     "DEFAULT_THRESHOLD",
     "ERROR_PREFIXES",
