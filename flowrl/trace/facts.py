@@ -521,9 +521,10 @@ def declared_tools(trace: ExecutionTrace) -> frozenset[str] | None:
     names = set()
     for schema in trace.tools:
         if isinstance(schema, dict):
-            inner = schema.get("function") if isinstance(schema.get("function"), dict) else schema
-            if isinstance(inner.get("name"), str):
-                names.add(inner["name"])
+            function = schema.get("function")
+            name = (function if isinstance(function, dict) else schema).get("name")
+            if isinstance(name, str):
+                names.add(name)
     return frozenset(names | set(CONTROL_TOOLS)) if names else None
 
 
