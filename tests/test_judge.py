@@ -241,7 +241,7 @@ def test_timeout_gives_none_and_retries_are_counted():
     assert result.value is None and "error" in result.details
     assert reward.stats["retries"] == 1 and reward.stats["failures"] == 1
     assert len(server.requests) == 2
-    assert elapsed < 1.5
+    assert elapsed < 2 * 1.5  # waiting out the slow judge twice would take 3 s; the timeouts take 0.4 s (room for load)
 
 
 def test_retries_with_backoff_then_success():

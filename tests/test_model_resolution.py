@@ -64,7 +64,7 @@ def test_a_missing_path_is_one_clear_error_at_once(spec: str, _no_network: list[
     started = time.perf_counter()
     with pytest.raises(ModelError, match="does not exist") as info:
         resolve_model(spec)
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # at once: no download (room for a loaded machine)
     assert spec in str(info.value) and "\n" not in str(info.value)
     assert _no_network == []  # the Hub was never asked
 
@@ -94,7 +94,7 @@ def test_an_unknown_hub_id_is_asked_once_and_named(monkeypatch: pytest.MonkeyPat
     started = time.perf_counter()
     with pytest.raises(ModelError, match="someone/nonexistent-model") as info:
         resolve_model("someone/nonexistent-model")
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # at once: no download (room for a loaded machine)
     assert "\n" not in str(info.value) and "Hugging Face Hub" in str(info.value)
     assert len(calls) == 1 and calls[0]["timeout"] <= 10  # one short request, no retries
 
@@ -138,7 +138,7 @@ def test_eval_cli_with_a_mistyped_model_folder_says_one_line_at_once(
     prompts = _prompts(tmp_path)
     started = time.perf_counter()
     assert main(["eval", "--model", "runs/nope", "--prompts", str(prompts)]) == 2
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # at once: no download (room for a loaded machine)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs/nope" in err[0] and "does not exist" in err[0]
     assert _no_network == []
@@ -153,7 +153,7 @@ def test_eval_cli_with_a_mistyped_folder_whose_parent_does_not_exist_says_one_li
     monkeypatch.chdir(tmp_path / "elsewhere")
     started = time.perf_counter()
     assert main(["eval", "--model", "runs/nope", "--prompts", str(prompts)]) == 2
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0  # at once: no download (room for a loaded machine)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs/nope" in err[0] and "no such folder" in err[0]
 

@@ -20,7 +20,7 @@ from flowrl.errors import SandboxError
 from flowrl.rewards import sandbox as sandbox_module
 from flowrl.rewards.sandbox import Sandbox
 
-TIMEOUT = 20.0  # the memory scans read all of a job's memory on a loaded 2-core machine
+TIMEOUT = 120.0  # a wall-clock limit: `find /` took 4 ms of CPU but over 20 s on a loaded machine (issue 39)
 LEAK = "FLOWRL" + "LEAK"  # a leaked secret is LEAK + 32 hex digits; no job's code spells the two together
 
 # Looks for LEAK + 32 hex digits in the job's frames, in every object the collector knows and in every
