@@ -75,3 +75,18 @@ def paired_bootstrap_diff(
     means = (draws[:, 2] - draws[:, 0]) / n
     lo, hi = np.percentile(means, [2.5, 97.5])
     return diff, float(lo), float(hi)
+
+
+def mcnemar_sample_size(base_rate: float, effect: float = 0.10, alpha: float = 0.05, power: float = 0.80) -> int:
+    """Held-out tasks a paired comparison needs to detect a rise of `effect` from `base_rate` with McNemar's test
+    at `alpha` with `power` (Connor 1987), the arms' outcomes taken as independent given the task, so the
+    discordant share is p0(1 - p1) + p1(1 - p0). At least the tasks an exact test needs for any p below `alpha`:
+    log2(2 / alpha) discordant tasks all one way."""
+    from statistics import NormalDist
+
+    p0 = min(max(base_rate, 0.0), 1.0 - effect)
+    p1 = p0 + effect
+    psi = p0 * (1 - p1) + p1 * (1 - p0)  # share of tasks right in one arm only
+    z_a, z_b = NormalDist().inv_cdf(1 - alpha / 2), NormalDist().inv_cdf(power)
+    n = (z_a * math.sqrt(psi) + z_b * math.sqrt(max(psi - effect**2, 0.0))) ** 2 / effect**2
+    return max(math.ceil(n), math.ceil(math.log2(2 / alpha)))
