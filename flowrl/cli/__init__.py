@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "flowrl.cli.score",
     "flowrl.cli.train",
     "flowrl.cli.improve",
+    "flowrl.cli.promote",
     "flowrl.cli.export",
     "flowrl.cli.serve",
     "flowrl.cli.report",

@@ -1,0 +1,106 @@
+"""A promotion end to end with an evaluator whose outcomes the test decides (issue 38): a significantly better
+adapter is promoted and becomes what the next one is judged against, an insignificant one is refused and changes
+nothing, rollback restores the previous one, and a leak or too few tasks stop it before its test."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flowrl.promote import History
+from flowrl.promote.run import CANDIDATE, CURRENT, PromotionError, promote
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    query: str
+
+
+TASKS = [Task(f"t{i}", f"What is {i} * 3?") for i in range(400)]
+
+
+def _adapter(folder: Path, trained_on: list[str]) -> Path:
+    data = folder / "data"
+    (data / "data").mkdir(parents=True)
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "x"}]} for q in trained_on]
+    (data / "data" / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    adapter = folder / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "flowrl_train.json").write_text(json.dumps({"config": {"dataset": str(data)}}))
+    return adapter
+
+
+class Evaluator:
+    """Each model's success rate is given: model folder (None: the base) -> the first k tasks right."""
+
+    def __init__(self, right: dict[str | None, int], tasks: list[Task] = TASKS) -> None:
+        self.right, self.tasks, self.calls = right, tasks, []
+
+    def __call__(self, arms: dict[str, Path | None]) -> dict[str, dict[str, bool]]:
+        self.calls.append(arms)
+        ((arm, model),) = arms.items()
+        k = self.right[None if model is None else str(model)]
+        return {t.task_id: {arm: i < k} for i, t in enumerate(self.tasks)}
+
+
+def test_promote_refuse_then_roll_back(tmp_path: Path) -> None:
+    history = History(tmp_path / "promotions.jsonl")
+    one = _adapter(tmp_path / "r1", ["What is 1000 * 3?"])
+    two = _adapter(tmp_path / "r2", ["What is 2000 * 3?"])
+    evaluate = Evaluator({None: 8, str(one): 40, str(two): 44})
+
+    first = promote(one, evaluate=evaluate, tasks=TASKS, history=history, out=tmp_path / "p1")
+    assert first.decision.promote and history.current() == str(one)
+    assert evaluate.calls[0] == {CURRENT: None} and evaluate.calls[1] == {CANDIDATE: one}
+    assert first.uses_before == 0 and first.entry.eval_sha256
+
+    second = promote(two, evaluate=evaluate, tasks=TASKS, history=history, out=tmp_path / "p2")
+    assert evaluate.calls[2] == {CURRENT: one}  # judged against what is promoted now, not the base
+    assert not second.decision.promote and history.current() == str(one)  # 40 -> 44 of 400: not significant
+    assert "not promoted" in second.lines()[0] and "served 1 earlier decision" in second.lines()[1]
+
+    assert history.rollback() == (str(one), None) and history.current() is None
+
+
+def test_a_leak_or_too_few_tasks_stops_before_the_candidate_runs(tmp_path: Path) -> None:
+    history = History(tmp_path / "promotions.jsonl")
+    leaky = _adapter(tmp_path / "leaky", [TASKS[5].query])
+    evaluate = Evaluator({None: 8, str(leaky): 100})
+    with pytest.raises(PromotionError, match="trained on 1 of the held-out tasks"):
+        promote(leaky, evaluate=evaluate, tasks=TASKS, history=history, out=tmp_path / "p")
+    fine = _adapter(tmp_path / "fine", ["something else"])
+    few = TASKS[:40]
+    with pytest.raises(PromotionError, match="power 0.8 needs"):
+        promote(fine, evaluate=Evaluator({None: 2, str(fine): 30}, few), tasks=few, history=history, out=tmp_path / "q")
+    assert evaluate.calls == [] and history.entries() == []  # nothing ran, nothing recorded
+
+
+def test_the_command_promotes_lists_and_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import flowrl.cli.promote as cli_promote
+    from flowrl.cli import main
+
+    def fake(candidate: Path, tasks: list, out: Path, engine: str, arms: dict) -> dict:
+        ((arm, model),) = arms.items()
+        k = 3 if model is None else 40  # the base model 2%, the candidate 27% of 150 tasks
+        return {t.task_id: {arm: i < k} for i, t in enumerate(tasks)}
+
+    monkeypatch.setattr(cli_promote, "_evaluate_example", fake)
+    adapter = _adapter(tmp_path / "r1", ["a question no held-out task asks"])
+    history = tmp_path / "promotions.jsonl"
+    args = ["--history", str(history)]
+    assert main(["promote", str(adapter), "--out", str(tmp_path / "p"), *args]) == 0
+    assert "promoted: better than current" in capsys.readouterr().out
+    assert main(["promote", "--list", *args]) == 0
+    listed = capsys.readouterr().out
+    assert "promote" in listed and f"promoted now: {adapter}" in listed and "p = " in listed
+    assert main(["promote", "--rollback", *args]) == 0
+    assert "promoted now: the base model" in capsys.readouterr().out
+    assert main(["promote", "--rollback", *args]) != 0  # nothing left to undo: one line
+    assert "nothing to roll back" in capsys.readouterr().err
