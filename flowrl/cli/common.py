@@ -60,17 +60,22 @@ def open_store(store: Path | str | None, *, missing_ok: bool = False) -> Any:
     return opened
 
 
-def output_folder(path: Path, flag: str) -> Path:
+def output_folder(path: Path, flag: str, *, keep: bool = True) -> Path:
     """`path`, made as the folder a command writes into, before any work: a path through a file
-    (`garbage.json/out`), or one that cannot be made (`/proc/nope`, no permission), stops in one line naming it."""
+    (`garbage.json/out`), or one that cannot be made (`/proc/nope`, no permission), stops in one line naming it.
+    `keep=False` only tries: the folders it made are removed again (for a command that may still refuse)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path}: that is a file, not a folder: choose another path")
+    missing = [p for p in [path, *path.parents] if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError(f"{flag} {path}: cannot make that folder ({reason}): choose a folder you can write") from exc
+    if not keep:
+        for made in missing:  # deepest first; each is still empty
+            made.rmdir()
     return path
 
 

@@ -54,7 +54,7 @@ def export(  # noqa: PLR0913  # a typer command: one parameter per option
 
     if no_verify and verify not in (None, "none"):
         raise ExportError(f"--no-verify and --verify {verify} contradict each other: give one of them")
-    output_folder(out, "--out")  # before minutes of merging
+    output_folder(out, "--out", keep=False)  # before minutes of merging; the pipeline makes it once it may
     pipeline = ExportPipeline(
         model,
         out,

@@ -101,6 +101,12 @@ class ImproveConfig:
     unseen_tasks: int = option(
         UNSEEN_TASKS, "--unseen-tasks", "With --hold-out-families: their tasks added to the held-out set.", min=1
     )
+    promote: bool = option(
+        False,
+        "--promote",
+        "After each round, promote its adapter only if it beats the model promoted now on the held-out tasks "
+        "(flowrl promote's rule); every decision goes into OUT/promotions.jsonl.",
+    )
     # passed to hook_into_agent for your own agent (e.g. run_methods=["run"], llm_methods=[...])
     hook_options: dict[str, Any] = field(default_factory=dict)
     # more TrainingConfig fields for every round's training (e.g. per_device_train_batch_size=1)

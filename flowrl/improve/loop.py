@@ -48,6 +48,9 @@ from flowrl.improve.budget import GRPO_ITERATIONS, Budget, grpo_budget, round_bu
 from flowrl.improve.config import ImproveConfig, ImproveError
 from flowrl.improve.select import TRAINED_AS, Selection, build_set, rows_of
 from flowrl.methods import get_method
+from flowrl.promote.decide import decide, leaked_tasks, power_problem
+from flowrl.promote.history import FILE_NAME as PROMOTIONS
+from flowrl.promote.history import Entry, History, fingerprint, sha256_of
 from flowrl.serve.policies import PolicyServer
 from flowrl.store.files import TraceStore, atomic_write_bytes
 from flowrl.train import TrainingConfig, TrainingPipeline
@@ -166,9 +169,51 @@ class Improve:
         if "control" in datasets:  # the unfiltered control is SFT on runs drawn without looking at the grade
             adapters[f"control-{r}"] = self.train(folder / "control-adapter", datasets["control"], "sft", longest)
             pairs = ((f"control-{r}", f"round-{r}"),)  # the round against its control, paired
+        promoted = self.history().current() if self.cfg.promote else None
+        if promoted is not None:  # the round must beat what is promoted now, on the same tasks
+            adapters[f"{PROMOTED}-{r}"] = Path(promoted)
+            pairs += ((f"{PROMOTED}-{r}", f"round-{r}"),)
         eval_path = folder / "eval.json"
         data = self.evaluate(eval_path, base, adapters, pairs)
+        if self.cfg.promote:
+            self.promote_round(r, adapters[f"round-{r}"], eval_path, data, promoted)
         return RoundResult(r, collected, right, datasets["n_selected"], adapters[f"round-{r}"], eval_path, data["arms"])
+
+    # -- 6. promote -------------------------------------------------------------------------------------
+    def history(self) -> History:
+        return History(self.out / PROMOTIONS)
+
+    def promote_round(self, r: int, adapter: Path, eval_path: Path, data: dict[str, Any], promoted: str | None) -> None:
+        """`--promote`: the round's adapter replaces what is promoted now (the base model when nothing is) only if
+        `flowrl.promote.decide` says it is better; every decision is recorded, a refusal says why in one line."""
+        history = self.history()
+        if any(e.eval_path == str(eval_path) for e in history.entries()):
+            self.on_stage("promote", f"round {r}: already decided (reused)")
+            return
+        current = f"{PROMOTED}-{r}" if promoted is not None else "base"
+        decision = decide(data, candidate=f"round-{r}", current=current)
+        reason = decision.reason
+        leaked = leaked_tasks(self.eval_tasks, eval_path.parent / "data-selected")
+        problem = power_problem(decision.rate_current, decision.n)
+        if leaked:
+            reason = f"not promoted: the round trained on {len(leaked)} held-out tasks (e.g. {leaked[0]})"
+        elif problem:
+            reason = f"not promoted: {problem}"
+        entry = Entry(
+            "promote" if decision.promote and not leaked and not problem else "refuse",
+            candidate=str(adapter),
+            replaced=promoted,
+            eval_path=str(eval_path),
+            eval_sha256=sha256_of(eval_path),
+            held_out=fingerprint(t.task_id for t in self.eval_tasks),
+            figures=decision.to_dict(),
+            reason=reason,
+        )
+        uses = history.uses(entry.held_out or "")
+        history.append(entry)
+        self.on_stage(
+            "promote", f"round {r}: {reason}" + (f" (this held-out set served {uses} before)" if uses else "")
+        )
 
     # -- 1. collect ----------------------------------------------------------------------------------
     def store(self) -> Any:
@@ -399,6 +444,9 @@ class Improve:
 def _merge_json(path: Path, entries: dict[str, Any]) -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     _write_json(path, {**data, **entries})
+
+
+PROMOTED = "promoted"  # with --promote, round r's eval has the model promoted now as arm "promoted-<r>"
 
 
 def _eval_session(task: Any) -> str:
