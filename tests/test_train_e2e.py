@@ -70,7 +70,8 @@ def test_flowrl_train_then_eval_on_the_default_model(
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if not r.get("summary")]
     assert [r["step"] for r in steps] == [1, 2]
-    assert {"loss", "reward_mean", "reward_std", "kl", "learning_rate", "grad_norm", "tokens_per_s"} <= set(steps[-1])
+    assert "kl" not in steps[-1]  # GRPO's beta is 0 by default: no reference pass, no KL
+    assert {"loss", "reward_mean", "reward_std", "learning_rate", "grad_norm", "tokens_per_s"} <= set(steps[-1])
     assert (out / "adapter_model.safetensors").is_file() and (out / "README.md").is_file()
     record = json.loads((out / "flowrl_train.json").read_text())
     assert record["base_model"]["spec"] == "smollm2-135m" and record["result"]["settings"]["profile"] == "cpu"
