@@ -28,10 +28,9 @@ from flowrl.train.reward_funcs import online_reward_funcs
 
 log = logging.getLogger(__name__)
 
-# GRPO's KL coefficient when the config does not set one: TRL 1.16 defaults to 0 (no reference pass, no KL
-# in the logs); flowrl keeps the DeepSeekMath value so the KL to the base model is both used and reported.
-# GRPO's KL coefficient: 0, no reference pass (a forward pass a step saved); it was 0.04, and the mean KL it held the
-# policy to was 0.0014 (bench_grpo_vs_sft, 2026-11-24): --beta brings it back
+# GRPO's KL coefficient when the config does not set one: 0, as TRL's own default (no reference pass, a forward
+# pass a step saved, no KL in the logs). It was 0.04 (DeepSeekMath's), and the mean KL it held the policy to was
+# 0.0014 (bench_grpo_vs_sft, 2026-11-24): --beta brings it back
 DEFAULT_GRPO_BETA = 0.0
 # DeepSeek-V3.2's off-policy sequence mask (TRL's suggested 0.5): used when logged sampling logprobs exist
 OFF_POLICY_MASK_THRESHOLD = 0.5
