@@ -5,7 +5,7 @@
 
 `--sft` is one seed's folder of `bench/bench_improve.py` (its `improve.json` gives the seed, the split and the
 held-out families; its last `round-<r>/adapter` is where GRPO starts). GRPO runs on the same train tasks, with
-`flowrl improve`'s own GRPO defaults (groups of 8, 4 groups a step, 2 steps per batch of rollouts, lr 1e-4, beta
+`flowrl improve`'s own GRPO defaults (groups of 8, about 4 groups a step, 2 steps per batch of rollouts, lr 1e-4, beta
 0), and its eval's base arm is the SFT adapter: every comparison is GRPO against the SFT model it started from.
 
 The held-out set is the suite's held-out part (`--eval-tasks`, 250 by default, so that it holds at least 60 of the

@@ -60,7 +60,7 @@ def test_a_grpo_round_of_long_agent_runs_trains_in_small_micro_batches_on_a_cpu(
     memory); the longest run now sizes the micro-batch, as for SFT, and the update stays 32 rows."""
     from flowrl.improve.budget import grpo_budget
 
-    budget = grpo_budget(groups=10, group_size=8)
+    budget = grpo_budget(groups=12, group_size=8)
     assert (budget.effective_batch, budget.steps) == (32, 6)  # 3 batches of rollouts, 2 steps each
     config = TrainingConfig(
         method="grpo-offline", dataset="s", effective_batch_size=32, num_generations=8, max_length=1500
@@ -69,3 +69,22 @@ def test_a_grpo_round_of_long_agent_runs_trains_in_small_micro_batches_on_a_cpu(
     assert (cpu.per_device_train_batch_size, cpu.gradient_accumulation_steps) == (2, 16)
     assert cpu.gradient_checkpointing and cpu.effective_batch_size == 32
     assert resolve_settings(config, GPU).effective_batch_size == 32
+
+
+@pytest.mark.parametrize("groups", range(1, 101))
+def test_a_grpo_round_trains_each_group_once_a_pass_without_filling_a_short_batch_with_repeats(groups: int) -> None:
+    """5 kept groups were 2 batches of 4 (the second: 1 new group and 3 repeated), 4 steps of 32 rows: 128 runs
+    trained for 40 sampled, 3.2 passes each, at about 14 s a run on 2 cores (issue 37's GRPO benchmark)."""
+    from flowrl.improve.budget import GROUPS_PER_STEP, GRPO_ITERATIONS, grpo_budget
+
+    budget = grpo_budget(groups=groups, group_size=8)
+    per_step = budget.effective_batch // 8
+    batches = budget.steps // GRPO_ITERATIONS
+    assert budget.effective_batch % 8 == 0 and budget.steps % GRPO_ITERATIONS == 0
+    assert budget.capped == (groups > 98)  # MAX_STEPS: 24 batches of rollouts
+    if not budget.capped:
+        assert batches * per_step >= groups  # every group is trained on
+        assert batches * per_step - groups < batches  # at most one repeat a batch
+    assert groups < GROUPS_PER_STEP or GROUPS_PER_STEP // 2 < per_step <= 2 * GROUPS_PER_STEP - 2
+    if groups == 5:
+        assert (budget.effective_batch, budget.steps) == (40, 2)  # one batch of 5 groups, 2 steps: 80 runs trained

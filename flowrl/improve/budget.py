@@ -12,8 +12,8 @@ reached 50.7% held-out.
 - steps: `epochs` passes over the set (an epoch is ceil(rows / rows per step) steps, as the trainer counts it),
   rounded up, at most `MAX_STEPS` (48: 1,536 rows, 1.5 epochs of a set of 1,000).
 
-`grpo_budget(groups, group_size)`: `GROUPS_PER_STEP` (4) groups a step, `GRPO_ITERATIONS` (2) optimizer steps on
-each batch of rollouts, one pass over the round's groups, at most `MAX_STEPS`.
+`grpo_budget(groups, group_size)`: about `GROUPS_PER_STEP` (4) groups a step (batches of even size),
+`GRPO_ITERATIONS` (2) optimizer steps on each batch of rollouts, one pass over the round's groups, at most `MAX_STEPS`.
 """
 
 from __future__ import annotations
@@ -66,11 +66,13 @@ def round_budget(rows: int, epochs: float, max_steps: int | None = None) -> Budg
 
 
 def grpo_budget(groups: int, group_size: int, max_steps: int | None = None) -> Budget:
-    """A GRPO round: `GROUPS_PER_STEP` groups of `group_size` runs a step (fewer when the round kept fewer), each
+    """A GRPO round: about `GROUPS_PER_STEP` groups of `group_size` runs a step, the round's groups cut into
+    batches of even size (5 groups are one batch of 5, not 4 and then 1 padded with 3 groups seen already), each
     batch of rollouts used for `GRPO_ITERATIONS` steps, one pass over the round's groups (they were sampled by
     the policy that starts the round: on-policy data is used once), at most `MAX_STEPS`."""
-    per_step = max(1, min(GROUPS_PER_STEP, groups))
-    wanted = math.ceil(groups / per_step) * GRPO_ITERATIONS
+    batches = max(1, round(groups / GROUPS_PER_STEP))
+    per_step = math.ceil(groups / batches)  # batches of even size: a short last one would be filled with repeats
+    wanted = batches * GRPO_ITERATIONS
     rows = groups * group_size
     if max_steps is not None:
         return Budget(rows, per_step * group_size, max_steps, capped=max_steps < wanted)
