@@ -101,3 +101,15 @@ def test_the_example_suite_holds_out_whole_families() -> None:
     train, held = example_tasks(200, 150, hold_out=["mulsub", "summul"], unseen=40)
     assert len(train) == 200 and not {t.family for t in train} & {"mulsub", "summul"}
     assert len(held) == 190 and sum(t.family in ("mulsub", "summul") for t in held) >= 40
+
+
+def test_two_agent_files_of_the_same_name_are_each_loaded_from_their_own_file(tmp_path: Path) -> None:
+    """`a/my_agent.py:make` then `b/my_agent.py:make`: the second was the first's module (imported by its bare name,
+    found in sys.modules), so a user's agent could silently be another one."""
+    for folder, says in (("a", "first"), ("b", "second")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "my_agent.py").write_text(f"def make(policy):\n    return {says!r}\n")
+    assert load_object(f"{tmp_path / 'a' / 'my_agent.py'}:make", "--agent")(None) == "first"
+    assert load_object(f"{tmp_path / 'b' / 'my_agent.py'}:make", "--agent")(None) == "second"
+    (tmp_path / "json.py").write_text("def dumps(x):\n    return 'mine'\n")  # a name already imported elsewhere
+    assert load_object(f"{tmp_path / 'json.py'}:dumps", "--grade")(1) == "mine"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,12 +87,12 @@ def test_the_command_promotes_lists_and_rolls_back(
     import flowrl.cli.promote as cli_promote
     from flowrl.cli import main
 
-    def fake(candidate: Path, tasks: list, out: Path, engine: str, arms: dict) -> dict:
+    def fake(make_agent: Any, grade: Any, candidate: Path, tasks: list, out: Path, engine: str, arms: dict) -> dict:
         ((arm, model),) = arms.items()
         k = 3 if model is None else 40  # the base model 2%, the candidate 27% of 150 tasks
         return {t.task_id: {arm: i < k} for i, t in enumerate(tasks)}
 
-    monkeypatch.setattr(cli_promote, "_evaluate_example", fake)
+    monkeypatch.setattr(cli_promote, "_evaluate", fake)
     adapter = _adapter(tmp_path / "r1", ["a question no held-out task asks"])
     history = tmp_path / "promotions.jsonl"
     args = ["--history", str(history)]
@@ -104,3 +105,99 @@ def test_the_command_promotes_lists_and_rolls_back(
     assert "promoted now: the base model" in capsys.readouterr().out
     assert main(["promote", "--rollback", *args]) != 0  # nothing left to undo: one line
     assert "nothing to roll back" in capsys.readouterr().err
+
+
+def test_export_writes_the_promoted_model_whole_or_leaves_the_deployed_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`flowrl promote --export DIR`: the model promoted now as GGUF with its Modelfile, for those who deploy with
+    Ollama; an export that fails leaves the folder deployed before as it was."""
+    from flowrl.cli import main
+    from flowrl.promote.history import Entry
+    from tests.helpers_export import save_tiny_adapter, save_tiny_model
+
+    base = save_tiny_model(tmp_path / "base")
+    adapter = save_tiny_adapter(base, tmp_path / "round-1")
+    history = History(tmp_path / "promotions.jsonl")
+    deployed = tmp_path / "deployed"
+    args = ["--history", str(history.path), "--export", str(deployed)]
+    assert main(["promote", *args]) != 0  # nothing promoted yet: one line naming the fix
+    assert "nothing is promoted" in capsys.readouterr().err and not deployed.exists()
+
+    history.append(Entry("promote", candidate=str(adapter), replaced=None))
+    assert main(["promote", *args]) == 0
+    assert f"exported {adapter}" in capsys.readouterr().out
+    (gguf,) = deployed.glob("*.gguf")
+    assert "FROM ./" in (deployed / "Modelfile").read_text()
+    before = {p.relative_to(deployed): p.read_bytes() for p in deployed.rglob("*") if p.is_file()}
+
+    broken = tmp_path / "round-2"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text("{}")  # no weights: the export fails
+    history.append(Entry("promote", candidate=str(broken), replaced=str(adapter)))
+    assert main(["promote", *args]) != 0
+    capsys.readouterr()
+    assert {p.relative_to(deployed): p.read_bytes() for p in deployed.rglob("*") if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".deployed")] == []
+
+    assert main(["promote", "--rollback", *args]) == 0  # back to round 1: exported again
+    assert f"exported {adapter}" in capsys.readouterr().out and gguf.is_file()
+
+
+def test_the_command_runs_your_agent_on_your_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`flowrl promote CANDIDATE --agent FILE:FACTORY --tasks FILE [--grade]`: every task of the file is held out,
+    the agent is built by its factory on each arm's policy and graded by the grade given (or the strict default)."""
+    import types
+
+    import flowrl.cli.promote as cli_promote
+    from flowrl.cli import main
+
+    (tmp_path / "my_agent.py").write_text(
+        "class Agent:\n"
+        "    def __init__(self, policy):\n"
+        "        self.policy = policy\n"
+        "    def run(self, query):\n"
+        "        return query.split()[-1] if self.policy.adapter else 'no idea'\n"
+        "def make(policy):\n"
+        "    return Agent(policy)\n"
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"task_id": f"u{i}", "query": f"say {i}", "answer": str(i)}) + "\n" for i in range(100))
+    )
+    seen: dict[str, Any] = {}
+
+    def served(make_agent: Any, grade: Any, held_out: list, arms: dict, **_: Any) -> dict:
+        """The policy server's part, faked: each arm's agent made on a policy with its adapter, run and graded."""
+        seen.setdefault("arms", []).extend(arms)
+        out: dict[str, dict[str, bool]] = {}
+        for arm, (_base, adapter) in arms.items():
+            for t in held_out:
+                agent = make_agent(types.SimpleNamespace(adapter=adapter))
+                out.setdefault(t.task_id, {})[arm] = grade(t, agent.run(t.query))
+        return out
+
+    monkeypatch.setattr(cli_promote, "agent_outcomes", served)
+    monkeypatch.setattr("flowrl.models.resolve_model", lambda spec: types.SimpleNamespace(path="base"))
+    adapter = _adapter(tmp_path / "r1", ["a question no held-out task asks"])
+    history = tmp_path / "promotions.jsonl"
+    agent = f"{tmp_path / 'my_agent.py'}:make"
+    args = [
+        str(adapter),
+        "--agent",
+        agent,
+        "--tasks",
+        str(tasks),
+        "--history",
+        str(history),
+        "--out",
+        str(tmp_path / "p"),
+    ]
+    assert main(["promote", *args]) == 0, capsys.readouterr()
+    assert "promoted" in capsys.readouterr().out and seen["arms"] == ["current", "candidate"]
+    data = json.loads((tmp_path / "p" / "eval.json").read_text())
+    assert data["arms"]["current"]["successes"] == 0 and data["arms"]["candidate"]["successes"] == 100
+    assert main(["promote", str(adapter), "--tasks", str(tasks), "--history", str(history)]) != 0
+    assert "go with --agent" in capsys.readouterr().err

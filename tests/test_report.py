@@ -132,3 +132,41 @@ def test_success_rates_are_drawn_on_an_axis_that_shows_them() -> None:
     assert rate_top(low) == pytest.approx(0.2)
     assert rate_top([{"rate": 0.9, "ci95": [0.8, 0.97]}]) == 1.0
     assert all(rate_top([{"rate": r, "ci95": [r, hi]}]) >= hi for r, hi in ((0.0, 0.06), (0.3, 0.45), (0.5, 0.86)))
+
+
+def test_the_report_shows_the_promotion_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each candidate's rate with its interval against the model it had to beat, the refusals with their reason,
+    rollbacks, and what is promoted now; from promotions.jsonl beside the store and in a --run folder."""
+    from flowrl.promote.history import Entry, History
+
+    figures = {
+        "n": 150,
+        "rate_current": 0.02,
+        "rate_candidate": 40 / 150,
+        "p": 1e-9,
+        "diff": 0.25,
+        "diff_ci95": [0.18, 0.32],
+    }
+    improve_out = tmp_path / "improve-out"
+    history = History(improve_out / "promotions.jsonl")
+    history.append(Entry("promote", "improve-out/round-1/adapter", None, figures=figures, reason="promoted: better"))
+    weak = dict(figures, rate_candidate=0.29, p=0.45, diff=0.02, diff_ci95=[-0.03, 0.07])
+    history.append(
+        Entry("refuse", "improve-out/round-2/adapter", "improve-out/round-1/adapter", figures=weak,
+              reason="not promoted: not significant at alpha 0.05 <script>x</script>")
+    )  # fmt: skip
+    beside = History(tmp_path / "promotions.jsonl")  # beside the store: flowrl promote's default
+    beside.append(Entry("promote", "/models/a", None, figures=figures, reason="promoted"))
+    beside.rollback()
+
+    result = make_report(_store(tmp_path), tmp_path / "out", [improve_out])  # a folder with only the history
+    page = result.html.read_text()
+    assert "<h2>Promotions</h2>" in page and "<script>x</script>" not in page
+    assert "26.7% [20.2%, 34.3%]" in page and "+25.0 pts [+18.0 pts, +32.0 pts]" in page  # Wilson 95% of 40/150
+    assert "not significant at alpha 0.05" in page and "0.45" in page
+    assert "Promoted now: <b>improve-out/round-1/adapter</b>" in page  # the refused round 2 changed nothing
+    assert "rollback" in page and "Promoted now: <b>the base model</b>" in page
+
+    (tmp_path / "promotions.jsonl").write_text("{oops\n")  # a damaged record: said in its section, the page is made
+    page = make_report(_store(tmp_path), tmp_path / "out", [improve_out]).html.read_text()
+    assert "is not a promotion record" in page and "round-1/adapter" in page

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -41,6 +42,18 @@ StoreOption = typer.Option(
         "Trace store: a folder, or a URL such as s3://bucket/prefix for columnar segments "
         "(default: $FLOWRL_HOME/traces, else toolboxv2's rl_traces, else ~/.local/share/flowrl/traces)."
     ),
+)
+
+GradeOption = typer.Option(
+    None,
+    "--grade",
+    help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number, unhedged.",
+)
+AgentPythonOption = typer.Option(
+    None,
+    "--agent-python",
+    help="With --agent: the Python of your agent's own venv (flowrl installed there, no extras); the agent is "
+    "built, hooked and run there, the loop and training here. Default: this Python.",
 )
 
 
@@ -113,3 +126,51 @@ def progress_bar(console: Console, text: str = "[bold]{task.description}", *, re
     if remaining:
         columns.append(TimeRemainingColumn())
     return Progress(*columns, console=console, transient=True)
+
+
+def user_agent(agent: str, agent_python: Path | None, grade: str | None) -> tuple[Any, Any]:
+    """(agent factory, grade) of `--agent MODULE:FACTORY [--agent-python PY] [--grade MODULE:FN]`, as `flowrl
+    improve` and `flowrl promote` take them: FACTORY(policy) returns the agent; with `--agent-python` it is built and
+    run in that Python; the grade defaults to the strict reference answer's."""
+    from flowrl.improve.user import default_grade, load_object  # lazy: keeps `flowrl --help` fast
+
+    grader = load_object(grade, "--grade") if grade else default_grade
+    if agent_python is not None:
+        from flowrl.improve.process import AgentProcess  # lazy: keeps `flowrl --help` fast
+
+        return AgentProcess(agent, agent_python), grader
+    return load_object(agent, "--agent"), grader
+
+
+def agent_outcomes(
+    make_agent: Any,
+    grade: Any,
+    tasks: list[Any],
+    arms: dict[str, tuple[str, Path | None]],
+    *,
+    engine: str,
+    store_root: Path,
+    concurrency: int | None = None,
+) -> dict[str, dict[str, bool]]:
+    """task_id -> arm -> graded right, for each arm (name -> (base model, LoRA adapter or None)) run greedily by
+    `make_agent(policy)` on `tasks` through a policy server (one per base model), the runs kept under `store_root`."""
+    from flowrl.evaluate.agent import run_arms  # lazy: keeps `flowrl --help` fast
+    from flowrl.serve.policies import PolicyServer  # lazy: keeps `flowrl --help` fast
+
+    outcomes: dict[str, dict[str, bool]] = {}
+    for base in dict.fromkeys(model for model, _ in arms.values()):
+        with PolicyServer(str(base), engine=engine) as server:
+            for name, (model, adapter) in arms.items():
+                if model != base:
+                    continue
+                policy = server.policy(name, adapter, temperature=0.0, seed=0)
+                got = run_arms(
+                    {name: functools.partial(make_agent, policy)},
+                    tasks,
+                    grade,
+                    concurrency=concurrency or server.slots,
+                    store_root=store_root,
+                )
+                for task_id, arm in got.items():
+                    outcomes.setdefault(task_id, {}).update(arm)
+    return outcomes

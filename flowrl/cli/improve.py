@@ -9,7 +9,15 @@ from typing import Any
 
 import typer
 
-from flowrl.cli.common import example_agent, on_ctrl_c, output_folder, progress_bar
+from flowrl.cli.common import (
+    AgentPythonOption,
+    GradeOption,
+    example_agent,
+    on_ctrl_c,
+    output_folder,
+    progress_bar,
+    user_agent,
+)
 from flowrl.cli.options import config_options
 from flowrl.improve.config import ImproveConfig
 
@@ -42,22 +50,13 @@ def improve_cmd(
         help="Your agent: MODULE:FACTORY (or file.py:FACTORY); FACTORY(policy) returns an agent with "
         "async a_run(query, session_id=...) or run(query) that talks to policy.base_url. Default: the example agent.",
     ),
-    agent_python: Path | None = typer.Option(
-        None,
-        "--agent-python",
-        help="With --agent: the Python of your agent's own venv (flowrl installed there, no extras); the agent is "
-        "built, hooked and run there, the loop and training here. Default: this Python.",
-    ),
+    agent_python: Path | None = AgentPythonOption,
     tasks: Path | None = typer.Option(
         None,
         "--tasks",
         help="With --agent: JSONL of {task_id, query, answer[, family]}, split into train and held-out.",
     ),
-    grade: str | None = typer.Option(
-        None,
-        "--grade",
-        help="MODULE:FN, FN(task, answer) -> bool. Default: the answer occurs as a whole word or number, unhedged.",
-    ),
+    grade: str | None = GradeOption,
     train_tasks: int | None = typer.Option(
         None, "--train-tasks", min=1, help="Train tasks each round (default: 200; with --tasks, the rest)."
     ),
@@ -116,20 +115,15 @@ def _agent_and_tasks(
             train_tasks or 200, eval_tasks or 150, seed=cfg.seed, hold_out=cfg.unseen_families, unseen=cfg.unseen_tasks
         )
         return stack.enter_context(example.ExampleAgents()), train, held_out, example.example_grade
-    # lazy: keeps `flowrl --help` fast
-    from flowrl.improve.user import default_grade, load_object, load_tasks, split_tasks
+    from flowrl.improve.user import load_tasks, split_tasks  # lazy: keeps `flowrl --help` fast
 
     if tasks is None:
         raise ConfigError("--agent needs --tasks FILE: JSONL of {task_id, query, answer}")
     train, held_out = split_tasks(
         load_tasks(tasks), train_tasks, eval_tasks, seed=cfg.seed, hold_out=cfg.unseen_families, unseen=cfg.unseen_tasks
     )
-    grader = load_object(grade, "--grade") if grade else default_grade
-    if agent_python is not None:
-        from flowrl.improve.process import AgentProcess  # lazy: keeps `flowrl --help` fast
-
-        return AgentProcess(agent, agent_python), train, held_out, grader
-    return load_object(agent, "--agent"), train, held_out, grader
+    make_agent, grader = user_agent(agent, agent_python, grade)
+    return make_agent, train, held_out, grader
 
 
 def register(app: typer.Typer) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
 import typer
 
 from flowrl.cli.common import console, err_console
+from flowrl.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +45,14 @@ def serve(  # noqa: PLR0913  # a typer command: one parameter per option
         None, "--api-key", envvar="FLOWRL_SERVE_API_KEY", help="Require `Authorization: Bearer KEY`."
     ),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Listen on a non-local --host."),
+    promotions: Path | None = typer.Option(
+        None,
+        "--promotions",
+        help=(
+            "Follow this promotions.jsonl (flowrl promote, improve --promote): serve the model promoted now on "
+            "MODEL, the base, and switch when a promotion or rollback is recorded, no request dropped."
+        ),
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, tools, streaming); Ctrl-C stops.
 
@@ -52,14 +65,50 @@ def serve(  # noqa: PLR0913  # a typer command: one parameter per option
 
     check_host(host, allow_remote, "flowrl serve", REMOTE_RISK)  # before the model loads, not after
     plan = load.plan(model, engine=engine, base_model=base_model, tokenizer=tokenizer)
+    options = {"max_tokens": max_tokens, "temperature": temperature, "n_ctx": ctx, "slots": slots}
+    record, serving = None, None
+    if promotions is not None:
+        from flowrl.promote.history import History  # lazy: keeps `flowrl --help` fast
+
+        if plan.adapter is not None or plan.gguf is not None:
+            raise ConfigError(
+                f"--promotions: serve the base model the promoted adapters were trained from, not {model}"
+            )
+        record = History(promotions)
+        promoted = record.current()
+        serving = Path(promoted) if promoted else None
+        if serving is not None:
+            plan = replace(load.plan(str(serving), engine=engine, base_model=str(plan.model_dir)), name=plan.name)
     where = plan.gguf or (f"{plan.model_dir} + {plan.adapter}" if plan.adapter else plan.model_dir)
     with console.status(f"loading {where} ({plan.engine})"):
-        backend = load.load_backend(plan, max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, slots=slots)
-        served = ServedModel(backend, name=name or plan.name, temperature=temperature, max_tokens=max_tokens)
-    server, thread = start(served, host=host, port=port, api_key=api_key, allow_remote=allow_remote)
+        route, close = load.open_route(plan, **options)
+        served = ServedModel(route.backend, name=name or plan.name, temperature=temperature, max_tokens=max_tokens)
+    follower = None
+    if record is not None:
+        from flowrl.promote.follow import Follower  # lazy: keeps `flowrl --help` fast
+
+        base = plan.model_dir
+
+        def load_promoted(adapter: Path | None) -> Any:
+            spec = (
+                load.plan(str(adapter), engine=engine, base_model=str(base))
+                if adapter
+                else load.plan(model, engine=engine)
+            )
+            return load.open_route(replace(spec, name=served.name), **options)
+
+        follower = Follower(served, record, load_promoted, serving=serving, close_current=close).start()
+        close = follower.stop
+    try:
+        server, thread = start(served, host=host, port=port, api_key=api_key, allow_remote=allow_remote)
+    except BaseException:
+        close()
+        raise
     if host not in LOCAL_HOSTS and api_key is None:
         err_console.print(f"[yellow]warning[/yellow]: listening on {host} without --api-key", highlight=False)
     console.print(f"serving {served.name} ({plan.engine}: {where}) at {server.url}; Ctrl-C stops", highlight=False)
+    if record is not None:
+        console.print(f"following {record.path}: the model promoted there serves as {served.name}", highlight=False)
     console.print(
         f"agent: use_served(agent, {server.url!r}, {served.name!r})  (LiteLLM: model='openai/{served.name}', "
         f"api_base={server.url!r}, api_key='none')",
@@ -73,9 +122,9 @@ def serve(  # noqa: PLR0913  # a typer command: one parameter per option
     finally:
         server.shutdown()
         server.server_close()
-        engine_server = getattr(backend, "server", None)
-        if engine_server is not None:
-            engine_server.stop()
+        close()
+    if follower is not None and record is not None and follower.switches:
+        console.print(f"switched models {len(follower.switches)} time(s) following {record.path}", highlight=False)
     counts = served.stats.counts
     console.print(
         f"served {counts['requests']} requests ({counts['tool calls']} tool calls parsed, "

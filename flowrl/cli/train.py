@@ -13,7 +13,15 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from flowrl.cli.common import EXAMPLE_AGENT, console, err_console, example_agent, on_ctrl_c, output_folder
+from flowrl.cli.common import (
+    EXAMPLE_AGENT,
+    agent_outcomes,
+    console,
+    err_console,
+    example_agent,
+    on_ctrl_c,
+    output_folder,
+)
 from flowrl.cli.options import config_options
 from flowrl.errors import ConfigError
 from flowrl.train.config import TrainingConfig
@@ -315,10 +323,8 @@ def _eval_agent(
 ) -> None:
     import tempfile
 
-    from flowrl.evaluate.agent import run_arms  # lazy: keeps `flowrl --help` fast
     from flowrl.evaluate.results import format_table, summarize, write_eval_json  # lazy: keeps `flowrl --help` fast
     from flowrl.models import resolve_model  # lazy: keeps `flowrl --help` fast
-    from flowrl.serve.policies import PolicyServer  # lazy: keeps `flowrl --help` fast
 
     if agent != "example":
         raise ConfigError(
@@ -334,22 +340,18 @@ def _eval_agent(
     arms: dict[str, tuple[str, Path | None]] = {"base": (base.path, None)}
     if resolved.adapter or resolved.path != base.path:
         arms["model"] = (resolved.path, Path(resolved.adapter) if resolved.adapter else None)
-    outcomes: dict[str, dict[str, bool]] = {}
-    with tempfile.TemporaryDirectory(prefix="flowrl-eval-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="flowrl-eval-") as scratch, example.ExampleAgents() as agents:
         # the runs are kept beside --json (one store per arm), else only while their rewards are computed
         traces = json_out.with_name(json_out.stem + "-traces") if json_out is not None else Path(scratch)
-        for name, (model_path, adapter) in arms.items():
-            with PolicyServer(str(model_path), engine=engine) as server, example.ExampleAgents() as agents:
-                policy = server.policy(name, adapter, temperature=0.0, seed=0)
-                got = run_arms(
-                    {name: functools.partial(agents, policy)},
-                    held_out,
-                    example.example_grade,
-                    concurrency=concurrency or server.slots,
-                    store_root=traces,
-                )
-            for task_id, arm in got.items():
-                outcomes.setdefault(task_id, {}).update(arm)
+        outcomes = agent_outcomes(
+            agents,
+            example.example_grade,
+            held_out,
+            arms,
+            engine=engine,
+            store_root=traces,
+            concurrency=concurrency,
+        )
         data = summarize(outcomes, base="base")
         for line in format_table(data):
             console.print(line, highlight=False, markup=False)

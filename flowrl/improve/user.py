@@ -121,19 +121,43 @@ def load_object(spec: str, what: str) -> Any:
     if not sep or not module_name or not name:
         raise ConfigError(f"{what} {spec!r}: use MODULE:NAME (e.g. my_agent:make_agent) or path/to/file.py:NAME")
     try:
-        if module_name.endswith(".py"):  # imported by name from its folder, so its own sibling imports work too
+        if module_name.endswith(".py"):  # its folder goes on the path, so its own sibling imports work too
             path = Path(module_name).resolve()
             if not path.is_file():
                 raise ConfigError(f"{what} {spec!r}: {path} is not a Python file")
-            folder, module_name = str(path.parent), path.stem
+            if str(path.parent) not in sys.path:
+                sys.path.insert(0, str(path.parent))
+            module_name = path.stem
+            module = _file_module(path)
         else:
-            folder = str(Path.cwd())
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        module = importlib.import_module(module_name)
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{what} {spec!r}: cannot import {module_name} ({exc})") from exc
     found = getattr(module, name, None)
     if not callable(found):
         raise ConfigError(f"{what} {spec!r}: {module_name} has no callable {name!r}")
     return found
+
+
+def _file_module(path: Path) -> Any:
+    """The module of the file at `path`, loaded from that file: imported by its bare name, an `agent.py` would be
+    whatever module of that name was imported first (another folder's agent.py, or an installed package)."""
+    import hashlib
+    import importlib.util
+
+    name = f"flowrl_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be loaded as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: its dataclasses and pickles look it up there
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

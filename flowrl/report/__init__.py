@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowrl.errors import FlowRLError
+from flowrl.promote.history import FILE_NAME as PROMOTIONS
+from flowrl.promote.history import History
 from flowrl.report.metrics import StoreMetrics, find_eval_files, find_runs, group_eval_files, store_metrics
 from flowrl.store.files import TraceStore, atomic_write_bytes
 
@@ -26,10 +28,10 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
     from flowrl.report import html, plots  # lazy: a package's __init__ imports its modules on first use
 
     for run in runs or []:  # a folder that adds nothing would give a page that looks complete
-        if not any(find_runs([run])) and not find_eval_files([run]):
+        if not any(find_runs([run])) and not find_eval_files([run]) and not (Path(run) / PROMOTIONS).is_file():
             raise FlowRLError(
-                f"--run {run}: no metrics.jsonl, eval_report.json or eval JSON in it or right below: pass the output "
-                "folder of `flowrl train`, `flowrl eval` or `flowrl improve`"
+                f"--run {run}: no metrics.jsonl, eval_report.json, eval JSON or {PROMOTIONS} in it or right below: "
+                "pass the output folder of `flowrl train`, `flowrl eval`, `flowrl improve` or `flowrl promote`"
             )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -43,7 +45,16 @@ def make_report(store: TraceStore, out: Path, runs: list[Path] | None = None) ->
         (g, plots.rounds_chart(g.files, out, i) if g.rounds else plots.success_chart(g.files[0], out, i))
         for i, g in enumerate(groups)
     ]
-    page = html.render(m, charts, run_charts, eval_charts, success)
+    page = html.render(m, charts, run_charts, eval_charts, success, _histories(store, runs or []))
     index = out / "index.html"
     atomic_write_bytes(index, page.encode("utf-8"))
     return ReportResult(index, sorted(out.glob("*.png")), m)
+
+
+def _histories(store: TraceStore, runs: list[Path]) -> list[History]:
+    """The promotion records to show: promotions.jsonl beside the store (where `flowrl promote` keeps it) and in
+    each --run folder (`flowrl improve --promote`'s)."""
+    root = getattr(store, "root", None)
+    places = ([Path(root).parent] if isinstance(root, Path) else []) + [Path(r) for r in runs]
+    found = dict.fromkeys(p.resolve() / PROMOTIONS for p in places if (p / PROMOTIONS).is_file())
+    return [History(path) for path in found]

@@ -10,6 +10,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from flowrl.errors import FlowRLError
+from flowrl.evaluate.stats import wilson_interval
+from flowrl.promote.history import History
 from flowrl.report.metrics import EvalFile, EvalGroup, StoreMetrics, TrainingRun
 from flowrl.version import __version__
 
@@ -220,12 +223,55 @@ def _verified(files: list[EvalFile]) -> str:
     return f"<p class='worse'>These figures do not recompute from the per-task outcomes:</p><ul>{items}</ul>"
 
 
+def promotions_section(history: History) -> str:
+    """Every decision of a promotions.jsonl: what was promoted, refused (and why) or rolled back, each candidate's
+    rate with its Wilson 95% interval against the model it had to beat, and what is promoted now."""
+    try:
+        entries, now = history.entries(), history.current()
+    except FlowRLError as exc:
+        return f"<h3>{escape(str(history.path))}</h3><p class='worse'>{escape(str(exc))}</p>"
+    rows = []
+    for e in entries:
+        f = e.figures
+        action = {"promote": "better", "refuse": "worse"}.get(e.action, "")
+        cells: list[Any] = [
+            escape(e.time),
+            f"<span class='{action}'>{escape(e.action)}</span>",
+            escape(_short(e.candidate or "base")),
+        ]
+        cells.append(escape(_short(e.replaced or "base")))
+        if f:
+            n = int(f["n"])
+            lo, hi = wilson_interval(round(f["rate_candidate"] * n), n)
+            d_lo, d_hi = f["diff_ci95"]
+            cells += [
+                n,
+                _pct(f["rate_current"]),
+                f"{_pct(f['rate_candidate'])} [{_pct(lo)}, {_pct(hi)}]",
+                f"{f['p']:.3g}",
+                f"{_points(f['diff'])} [{_points(d_lo)}, {_points(d_hi)}]",
+            ]
+        else:
+            cells += ["", "", "", "", ""]
+        cells.append(escape(e.reason))
+        rows.append(cells)
+    head = ["time", "action", "candidate", "against", "n", "against: rate", "candidate: rate [95% CI]", "McNemar p"]
+    head += ["difference [95% CI]", "why"]
+    current = escape(_short(now)) if now else "the base model"
+    return (
+        f"<h3>{escape(str(history.path))}</h3>"
+        + (_table(head, rows) if rows else "<p class='muted'>No decision recorded yet.</p>")
+        + f"<p>Promoted now: <b>{current}</b></p>"
+    )
+
+
 def render(
     m: StoreMetrics,
     charts: dict[str, str],
     runs: list[tuple[TrainingRun, str | None]],
     evals: list[tuple[Path, dict[str, Any], str | None]],
     success: list[tuple[EvalGroup, str | None]] | None = None,
+    promotions: list[History] | None = None,
 ) -> str:
     combined_mean = sum(m.combined) / len(m.combined) if m.combined else None
     good = sum(v for k, v in m.labels.items() if k.startswith("good"))
@@ -251,6 +297,12 @@ def render(
             "<section><h2>Held-out success</h2><p class='muted'>Same tasks for every arm. Error bars: Wilson 95% "
             "intervals; McNemar's exact test on the tasks only one arm got right; difference with a paired "
             "bootstrap 95% interval over tasks.</p>" + "".join(success_section(g, c) for g, c in success) + "</section>"
+        )
+    if promotions:
+        parts.append(
+            "<section><h2>Promotions</h2><p class='muted'>A candidate replaces the model promoted now only when "
+            "McNemar's exact p is below alpha and the paired difference's 95% interval is above 0, on the same "
+            "held-out tasks.</p>" + "".join(promotions_section(h) for h in promotions) + "</section>"
         )
     if evals:
         parts.append(

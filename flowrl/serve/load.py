@@ -22,6 +22,7 @@ transformers with a GGUF file, is one line naming the fix, never another engine 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from flowrl.engines.server_backend import LlamaServerBackend
 from flowrl.engines.transformers_backend import TransformersBackend
 from flowrl.errors import ConfigError
 from flowrl.models import resolve_model
+from flowrl.serve.model import Route
 
 
 @dataclass(frozen=True)
@@ -178,3 +180,15 @@ def _llama_server_backend(p: Plan, *, max_tokens: int, temperature: float, n_ctx
     except BaseException:
         server.stop()
         raise
+
+
+def open_route(p: Plan, **options: Any) -> tuple[Route, Callable[[], None]]:
+    """The backend `p` describes (`load_backend`'s options) as a `flowrl.serve.model.Route`, and what stops its
+    engine (a llama-server process; nothing for an in-process one)."""
+    backend = load_backend(p, **options)
+    server = getattr(backend, "server", None)
+    return Route(backend, adapter=getattr(backend, "adapter_name", None)), (server.stop if server else _nothing)
+
+
+def _nothing() -> None:
+    return None

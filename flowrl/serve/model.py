@@ -16,7 +16,8 @@ with `model`; a name not served is answered by the first route, said once and co
 many sequences per step (`flowrl.engines.server_backend.LlamaServerBackend`: `concurrent = True`), requests run
 at once, each with its own sampling and adapter; on other backends, whose sampling is set on the backend, requests
 with the same sampling run at once (the transformers backend batches them) and one with other settings waits
-for them.
+for them. `switch(name, route)` answers a name with another model from the next request on, while the requests
+in flight finish on the old one (`drain` waits for them): what `flowrl serve --promotions` does on a promotion.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class ServedModel:
         self.renders_tools = self._renders_tools()
         self.stats = RenderStats()  # counts; what the model cannot do faithfully is logged the first time
         self._settings = threading.Condition()
+        self._flight = threading.Condition()  # guards `routes` and `_in_flight`
+        self._in_flight: dict[int, int] = {}  # id(route) -> requests it is answering now
         self._leases: dict[
             int, tuple[tuple[Any, ...], int]
         ] = {}  # id(backend) -> (its sampling settings, calls in flight)
@@ -116,7 +119,45 @@ class ServedModel:
     def add_route(self, name: str, route: Route) -> None:
         if route.backend.fingerprint != self.backend.fingerprint:
             raise FlowRLError(f"{name}: its tokenizer is not {self.name}'s, so one template cannot render for both")
-        self.routes[name] = route
+        with self._flight:
+            self.routes[name] = route
+
+    def switch(self, name: str, route: Route) -> Route:
+        """Answer `name` with `route` from the next request on, and return the route it replaces: the requests that
+        route is answering finish on it (`drain` waits for them), none is dropped or sent to a stopped engine."""
+        if name not in self.routes:
+            raise FlowRLError(f"{name} is not served here ({', '.join(self.routes)}): nothing to switch")
+        if route.backend.fingerprint != self.backend.fingerprint:
+            raise FlowRLError(f"{name}: the new model's tokenizer is not {self.name}'s; serve it on its own")
+        with self._flight:
+            old, self.routes[name] = self.routes[name], route
+        return old
+
+    def drain(self, route: Route, timeout: float | None = None) -> bool:
+        """Wait until no request is being answered by `route` (True), or `timeout` seconds passed (False)."""
+        with self._flight:
+            return self._flight.wait_for(lambda: self._in_flight.get(id(route), 0) == 0, timeout)
+
+    def in_flight(self, route: Route) -> int:
+        with self._flight:
+            return self._in_flight.get(id(route), 0)
+
+    def _enter(self, request: dict[str, Any]) -> tuple[str, Route]:
+        """The route that answers `request`, counted in flight until `_leave`: chosen and counted at once, so a
+        `switch` cannot slip between them."""
+        with self._flight:
+            name, route = self.route(request)
+            self._in_flight[id(route)] = self._in_flight.get(id(route), 0) + 1
+        return name, route
+
+    def _leave(self, route: Route) -> None:
+        with self._flight:
+            left = self._in_flight[id(route)] - 1
+            if left:
+                self._in_flight[id(route)] = left
+            else:
+                del self._in_flight[id(route)]
+            self._flight.notify_all()
 
     def route(self, request: dict[str, Any]) -> tuple[str, Route]:
         asked = request.get("model")
@@ -213,7 +254,13 @@ class ServedModel:
         """The chat completion for `request` (OpenAI's shape, plus vLLM's token id fields; `logprobs.content` always,
         asked for or not)."""
         sampling = self.sampling(request)
-        name, route = self.route(request)
+        name, route = self._enter(request)
+        try:
+            return self._complete(request, name, route, sampling)
+        finally:
+            self._leave(route)
+
+    def _complete(self, request: dict[str, Any], name: str, route: Route, sampling: Sampling) -> dict[str, Any]:
         sampling = self._policy_sampling(route, sampling, request)
         messages, tools = self.messages(request)
         prompt = self.prompt_ids(messages, tools)
