@@ -67,6 +67,8 @@ def test_report_has_every_section_and_escapes_trace_text(tmp_path: Path) -> None
     assert "<script>alert(1)</script>" not in page and "<b>evil</b>" not in page
     assert "&lt;b&gt;evil&lt;/b&gt;" in page
     assert "+0.200" in page  # the before/after delta
+    assert "NOT whether the answer is right" not in page  # the store has no task_completion score
+    assert "<td>format</td><td>well-formed replies</td>" in page  # what each reward measures, beside its name
     names = {p.name for p in result.pngs}
     assert {"traces_per_day.png", "rewards.png", "labels.png", "tools.png", "training_0.png", "eval_0.png"} <= names
     assert result.metrics.tools["calc"].failures == 3
@@ -170,3 +172,17 @@ def test_the_report_shows_the_promotion_history(tmp_path: Path, capsys: pytest.C
     (tmp_path / "promotions.jsonl").write_text("{oops\n")  # a damaged record: said in its section, the page is made
     page = make_report(_store(tmp_path), tmp_path / "out", [improve_out]).html.read_text()
     assert "is not a promotion record" in page and "round-1/adapter" in page
+
+
+def test_task_completion_is_not_shown_as_success(tmp_path: Path) -> None:
+    """task_completion averaged 0.963 while reference_answer averaged 0.083 (a wrong "12 * 7 = 94" scores 1.0): the
+    report says beside each reward what it measures."""
+    store = TraceStore(tmp_path / "store")
+    store.write(
+        ExecutionTrace(trace_id="w", user_query="12 * 7?", rewards={"task_completion": 1.0, "reference_answer": 0.0})
+    )
+    page = make_report(store, tmp_path / "out").html.read_text()
+    assert (
+        "<td>task_completion</td><td>the run ended normally by its own account; NOT whether the answer is right" in page
+    )
+    assert "<td>reference_answer</td><td>the answer is the task&#x27;s reference, unhedged</td>" in page

@@ -14,6 +14,7 @@ from flowrl.errors import FlowRLError
 from flowrl.evaluate.stats import wilson_interval
 from flowrl.promote.history import History
 from flowrl.report.metrics import EvalFile, EvalGroup, StoreMetrics, TrainingRun
+from flowrl.rewards.config import REGISTRY
 from flowrl.version import __version__
 
 _CSS = """
@@ -223,6 +224,11 @@ def _verified(files: list[EvalFile]) -> str:
     return f"<p class='worse'>These figures do not recompute from the per-task outcomes:</p><ul>{items}</ul>"
 
 
+def _measures(reward: str) -> str:
+    entry = REGISTRY.get(reward)
+    return entry.measures if entry is not None else ""
+
+
 def promotions_section(history: History) -> str:
     """Every decision of a promotions.jsonl: what was promoted, refused (and why) or rolled back, each candidate's
     rate with its Wilson 95% interval against the model it had to beat, and what is promoted now."""
@@ -315,13 +321,13 @@ def render(
         )
     parts.append(f"<section><h2>Traces per day</h2>{_img(charts.get('per_day'), 'traces per day')}</section>")
     reward_rows = [
-        [escape(n), len(v), m.reward_none[n], _fmt(sum(v) / len(v) if v else None)]
+        [escape(n), escape(_measures(n)), len(v), m.reward_none[n], _fmt(sum(v) / len(v) if v else None)]
         for n, v in sorted(m.rewards.items())
     ]
     if reward_rows:
         parts.append(
             "<section><h2>Rewards</h2>"
-            + _table(["reward", "scored", "cannot judge", "mean"], reward_rows)
+            + _table(["reward", "measures", "scored", "cannot judge", "mean"], reward_rows)
             + _img(charts.get("rewards"), "reward distributions")
             + "</section>"
         )

@@ -67,6 +67,7 @@ class RegisteredReward:
     weight: float = 1.0
     enabled: bool = True
     plugin: str | None = None
+    measures: str = ""  # what a score of 1 says, in a few words (the report shows it beside the name)
 
     @property
     def module(self) -> str:
@@ -88,17 +89,35 @@ class RegisteredReward:
 # task_completion together (18.5), and what the host said (host_outcome) more than all of them (38.5). A new
 # built-in reward is one line here (flowrl.rewards exports its class).
 REGISTRY: dict[str, RegisteredReward] = {
-    "code_execution": RegisteredReward("flowrl.rewards.code_execution:CodeExecutionReward", 2.0),
-    "syntax": RegisteredReward("flowrl.rewards.syntax:SyntaxValidationReward", 1.0),
-    "tool_success": RegisteredReward("flowrl.rewards.tool_success:ToolSuccessReward", 2.0),
-    "task_completion": RegisteredReward("flowrl.rewards.task_completion:TaskCompletionReward", 10.0),
-    "efficiency": RegisteredReward("flowrl.rewards.efficiency:EfficiencyReward", 0.5),
-    "format": RegisteredReward("flowrl.rewards.format:FormatComplianceReward", 1.0),
-    "reference_answer": RegisteredReward("flowrl.rewards.reference:ReferenceAnswerReward", 20.0),
-    "host_outcome": RegisteredReward("flowrl.rewards.host_outcome:HostOutcomeReward", 40.0),
-    "learned": RegisteredReward("flowrl.rewards.learned:LearnedReward", 1.0, enabled=False),
-    "judge": RegisteredReward("flowrl.rewards.judge:LLMJudgeReward", 1.0, enabled=False),
-    "grounding": RegisteredReward("flowrl.rewards.grounding:GroundingReward", 1.0, enabled=False),
+    "code_execution": RegisteredReward(
+        "flowrl.rewards.code_execution:CodeExecutionReward", 2.0, measures="the run's code ran without error"
+    ),
+    "syntax": RegisteredReward("flowrl.rewards.syntax:SyntaxValidationReward", 1.0, measures="its code parses"),
+    "tool_success": RegisteredReward(
+        "flowrl.rewards.tool_success:ToolSuccessReward", 2.0, measures="its tool calls succeeded"
+    ),
+    "task_completion": RegisteredReward(
+        "flowrl.rewards.task_completion:TaskCompletionReward",
+        10.0,
+        measures="the run ended normally by its own account; NOT whether the answer is right",
+    ),
+    "efficiency": RegisteredReward(
+        "flowrl.rewards.efficiency:EfficiencyReward", 0.5, measures="within its budgets of calls, turns, tokens"
+    ),
+    "format": RegisteredReward("flowrl.rewards.format:FormatComplianceReward", 1.0, measures="well-formed replies"),
+    "reference_answer": RegisteredReward(
+        "flowrl.rewards.reference:ReferenceAnswerReward", 20.0, measures="the answer is the task's reference, unhedged"
+    ),
+    "host_outcome": RegisteredReward(
+        "flowrl.rewards.host_outcome:HostOutcomeReward", 40.0, measures="your host said the run succeeded"
+    ),
+    "learned": RegisteredReward(
+        "flowrl.rewards.learned:LearnedReward", 1.0, enabled=False, measures="a model of your labels says good"
+    ),
+    "judge": RegisteredReward("flowrl.rewards.judge:LLMJudgeReward", 1.0, enabled=False, measures="an LLM judge"),
+    "grounding": RegisteredReward(
+        "flowrl.rewards.grounding:GroundingReward", 1.0, enabled=False, measures="the answer rests on tool results"
+    ),
 }
 BUILTIN_REWARDS: tuple[str, ...] = tuple(REGISTRY)
 DEFAULT_WEIGHTS: dict[str, float] = {name: entry.weight for name, entry in REGISTRY.items() if entry.enabled}

@@ -1,4 +1,5 @@
-"""TaskCompletionReward: did the run finish the task?
+"""TaskCompletionReward: did the run end normally, by its own account? Not whether the answer is right: a wrong
+"12 * 7 = 94" that ends with a normal answer scores 1.0; correctness is `reference_answer` or `host_outcome`.
 
 The run's outcome (`flowrl.trace.facts.run_outcome`, stored on the trace by capture and ingest), first match wins:
 1. an error answer (`Error:`, `Error executing`, `System-Error`, after any leading `<think>` block; FlowAgent's
