@@ -93,3 +93,16 @@ def test_annotate_records_the_task_answer_once(tmp_path: Path) -> None:
     )
     assert "reference_answer" not in store.get("b").metadata
     assert annotate(store) == 0  # already annotated: left alone
+
+
+def test_the_demos_improve_line_gives_mcnemars_p_and_says_when_it_is_not_significant(tmp_path: Path) -> None:
+    """The demo's console line gave the rates and no p: 2/30 -> 4/30 read as a gain (issue 39)."""
+    from flowrl.demo.run import _significance
+    from flowrl.evaluate.results import summarize, write_eval_json
+
+    small = {f"t{i}": {"base": i < 2, "round-1": i < 4} for i in range(30)}
+    write_eval_json(tmp_path / "small.json", summarize(small, base="base"))
+    assert _significance(tmp_path / "small.json", "round-1") == "McNemar p = 0.5 (not significant)"
+    large = {f"t{i}": {"base": i < 2, "round-1": i < 40} for i in range(150)}
+    write_eval_json(tmp_path / "large.json", summarize(large, base="base"))
+    assert _significance(tmp_path / "large.json", "round-1") == "McNemar p = 7.28e-12"

@@ -226,3 +226,20 @@ def test_the_published_seed_figures_recompute(seed: int, right: dict[str, int], 
     bench = json.loads((SEEDS / "bench.json").read_text())
     row = next(r for r in bench["spread"]["rows"] if r["seed"] == seed and r["subset"] == "all")
     assert row["round"] == data["arms"]["round-2"]["rate"] and row["base"] == data["arms"]["base"]["rate"]
+
+
+def test_the_published_seed_0_repeat_recomputes() -> None:
+    """docs/results/improve-seed0-repeat-2026-12-08 (issue 37): seed 0 run again with the same command and no
+    control reached 106 of 210 (50.5%) where the first run reached 13 (6.2%): its figures recompute, and its
+    graded runs are the published ones."""
+    from flowrl.evaluate.runs import read_runs
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "improve-seed0-repeat-2026-12-08"
+    data = read_eval_json(folder / "round-2" / "eval.json")
+    assert verify(data) == []
+    assert {arm: v["successes"] for arm, v in data["arms"].items()} == {"base": 5, "round-2": 106}
+    unseen = data["subsets"]["unseen"]["arms"]
+    assert (unseen["base"]["successes"], unseen["round-2"]["successes"], unseen["round-2"]["n"]) == (0, 35, 77)
+    for arm in ("base", "round-2"):
+        graded = {r["task_id"]: r["right"] for r in read_runs(folder / "eval-runs" / f"{arm}.jsonl.gz")}
+        assert graded == {t["task_id"]: t["outcomes"][arm] for t in data["tasks"]}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -171,8 +172,11 @@ class Demo:
             try:
                 for i, task in enumerate(plan):
                     answer = await agent.a_run(task.query, session_id=f"demo-{task.task_id}-{i}")
-                    correct += answer_matches(task.answer, answer)
+                    right = answer_matches(task.answer, answer)
+                    correct += right
                     self.on_progress("collect", i + 1, len(plan))
+                    # stdout is this stage's log (logs/collect.log): what each run answered
+                    print(f"run {i + 1}/{len(plan)} {task.task_id}: {'right' if right else 'wrong'}: {answer[:120]!r}")
             finally:
                 hook.flush()
                 hook.unhook()
@@ -278,7 +282,7 @@ class Demo:
             base, arm = r.arms["base"], r.arms[f"round-{r.round}"]
             parts.append(
                 f"round {r.round}: {r.right}/{r.collected} collected runs right, held-out "
-                f"{_rate(base)} (base) -> {_rate(arm)}"
+                f"{_rate(base)} (base) -> {_rate(arm)}, {_significance(r.eval_path, f'round-{r.round}')}"
             )
         return f"{engines[0] if engines else 'reused'}, {len(held_out)} held-out tasks; " + "; ".join(parts), reused
 
@@ -333,6 +337,14 @@ def _last_metrics(path: Path) -> dict[str, Any]:
 def _rate(arm: dict[str, Any]) -> str:
     lo, hi = arm["ci95"]
     return f"{arm['successes']}/{arm['n']} ({arm['rate']:.0%}, 95% CI {lo:.0%}-{hi:.0%})"
+
+
+def _significance(eval_path: Path, arm: str) -> str:
+    """McNemar's p of `arm` against the base, read from the round's eval.json, and whether it is significant."""
+    data = json.loads(Path(eval_path).read_text(encoding="utf-8"))
+    c = next(c for c in data["comparisons"] if c["a"] == "base" and c["b"] == arm)
+    p = c["mcnemar_p"]
+    return f"McNemar p = {p:.3g}" + (" (not significant)" if p >= 0.05 else "")
 
 
 def _f(v: Any) -> str:
