@@ -215,16 +215,54 @@ def test_the_kernel_keyrings_carry_nothing_between_jobs(sandbox):
     assert not (int80.ok and int(int80.stdout) > 0), f"keyctl through int 0x80 worked: {int80}"
 
 
-def test_a_job_that_kills_or_stops_its_fork_server_fails(level):
-    """Where jobs share the fork server's uid (not root: one uid in the user namespace; here drop_uid=None),
-    a job can signal it. It must fail, not escape its limits nor pass as the sandbox's fault."""
+def test_a_job_cannot_signal_the_process_that_starts_the_next_job(level):
+    """Where jobs share the fork server's uid (not root: one uid in the user namespace; here drop_uid=None), a job
+    could kill or stop it (issue 39). Each job now runs in its own PID namespace: its parent is that namespace's
+    init, the only other process it sees, and a signal to any pid it can name does nothing; the job runs its
+    course and the next job starts as usual."""
     with Sandbox(workers=1, isolation=level, drop_uid=None, timeout=1) as sb:
         for signal_name in ("SIGKILL", "SIGSTOP"):
             start = time.monotonic()
-            result = sb.run(f"import os, signal, time\nos.kill(os.getppid(), signal.{signal_name})\ntime.sleep(60)")
-            assert result.status == "killed" and "fork server" in (result.reason or ""), result
+            result = sb.run(
+                "import os, signal, time\n"
+                "seen = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+                "print(seen, os.getppid(), flush=True)\n"
+                f"os.kill(os.getppid(), signal.{signal_name})\n"
+                "for pid in range(1, 4096):\n"
+                "    if pid != os.getpid():\n"
+                "        try:\n"
+                f"            os.kill(pid, signal.{signal_name})\n"
+                "        except OSError:\n"
+                "            pass\n"
+                "time.sleep(60)"
+            )
+            assert result.status == "timeout" and result.stdout == "[1, 2] 1\n", result
             assert time.monotonic() - start < 15
             assert sb.run("print('next')").stdout == "next\n"
+
+
+def test_a_job_sees_only_its_own_processes_after_one_that_left_daemons(level):
+    """After jobs that daemonise children (killed with them), the next job's /proc listed PID 3, the fork server,
+    beside itself and PID 1 (issue 39). Now it sees its namespace's init and itself, and its own children."""
+    with Sandbox(workers=1, isolation=level, timeout=5) as sb:
+        daemons = sb.run(
+            "import os, time\n"
+            "for _ in range(3):\n"
+            "    if os.fork() == 0:\n"
+            "        os.setsid()\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(60)\n"
+            "        os._exit(0)\n"
+            "print(len([p for p in os.listdir('/proc') if p.isdigit()]))"
+        )
+        assert daemons.ok and int(daemons.stdout) >= 3, daemons  # itself, its init and its daemons
+        for _ in range(2):
+            seen = sb.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid())")
+            assert seen.ok and seen.stdout == "[1, 2] 2\n", seen
+        child = sb.run(
+            "import subprocess\nprint(subprocess.run(['ls', '/proc'], capture_output=True, text=True).stdout.split())"
+        )
+        assert child.ok and [p for p in eval(child.stdout) if p.isdigit()] == ["1", "2", "3"], child
 
 
 def test_a_worker_that_cannot_clean_up_after_a_job_is_retired(level, monkeypatch, tmp_path, caplog):

@@ -29,7 +29,9 @@ LEVELS = ("rlimits", "unshare", "bwrap")  # weakest first
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"}
 # What the zygote needs when bwrap runs as root: set a job's uid/gid, chown its directory, kill it and
 # delete what it wrote. Everything else (CAP_SYS_ADMIN, CAP_NET_*, ...) is dropped.
-ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+# The zygote's capabilities when it runs as real root: to drop jobs to uid 65534, own their folders, kill what they
+# leave, and (CAP_SYS_ADMIN) give each job its own PID and mount namespace with its own /proc. Jobs keep none.
+ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN")
 _SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # mount, pivot_root
 # What a job sees of the host's file system (bwrap, unshare): these system directories, the Python
 # installation and `python_path`, read-only, and nothing else. A read-only mount does not stop
@@ -109,8 +111,8 @@ def build_launch(level: str, python: str, source: str, keep_paths: list[str], hi
         if root:  # no user namespace: the zygote stays real root (few caps) so jobs can drop to uid 65534
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
             argv += ["--cap-drop", "ALL"] + [a for cap in ROOT_CAPS for a in ("--cap-add", cap)]
-        else:
-            argv += ["--unshare-all"]
+        else:  # in the user namespace: CAP_SYS_ADMIN there, for each job's own PID namespace (jobs drop it)
+            argv += ["--unshare-all", "--cap-add", "CAP_SYS_ADMIN"]
         argv += ["--as-pid-1", "--die-with-parent", "--new-session"]
         argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         for mount in layout:

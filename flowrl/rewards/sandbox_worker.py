@@ -22,10 +22,12 @@ entered. The job's fork starts a new session (so the whole group can be killed),
 temporary working directory, stdin on /dev/null, stdout/stderr on bounded pipes, a clean environment,
 rlimits (address space, CPU seconds, file size, open files, core 0, processes, POSIX message queues 0),
 no_new_privs, a seccomp filter refusing the kernel keyrings, and, when the zygote runs as root, an
-unprivileged uid/gid (65534 by default) or else no capabilities. After the job every process it left
-behind is killed, its files are deleted and, in the worker's own IPC namespace, every System V object
-is removed. What cannot be cleaned retires the worker: the reply says "retire" and the zygote exits,
-taking its namespaces with it.
+unprivileged uid/gid (65534 by default) or else no capabilities. In the zygote's own PID namespace each
+job also gets a PID and mount namespace of its own, whose init mounts a fresh /proc and forks the job:
+the job sees that init and itself, never the zygote, the fork server or an earlier job's leftovers.
+After the job every process it left behind is killed, its files are deleted and, in the worker's own
+IPC namespace, every System V object is removed. What cannot be cleaned retires the worker: the reply
+says "retire" and the zygote exits, taking its namespaces with it.
 """
 
 import _signal
@@ -60,6 +62,8 @@ _RESET_SIGNALS = (int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGCHLD))
 _SIG_DFL = int(signal.SIG_DFL)
 _IPC_RMID, _MSG_INFO, _SHM_INFO, _SEM_INFO = 0, 12, 14, 19
 _FORK_SERVER_GRACE = 5.0  # seconds the fork server has to report a job it was told to kill
+_CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 
 
 class _CapHeader(ctypes.Structure):
@@ -147,6 +151,9 @@ class Zygote:
         self.out_fd = out_fd
         self.cfg = config
         self.own_pid_ns = bool(config.get("own_pid_ns")) and os.getpid() == 1
+        # Each job in a PID and mount namespace of its own, with its own /proc: it sees itself and that
+        # namespace's init, not us, the fork server or an earlier job's leftovers (needs CAP_SYS_ADMIN here).
+        self.job_pid_ns = self.own_pid_ns and _can_unshare_pid()
         self.private_tmp = bool(config.get("private_tmp"))
         # Where job directories go: our private /tmp, or (shared /tmp) a folder the host made for us.
         self.tmp_root = config.get("tmp_root") or tempfile.gettempdir()
@@ -411,7 +418,11 @@ class Zygote:
             resource.setrlimit(which, pair)
 
     def kill_job(self, pid: int) -> None:
-        """Kill the job's process group and, in our own PID namespace, everything else in it."""
+        """Kill the job's process group and, in our own PID namespace, everything else in it. With a
+        namespace per job, the job's processes (the children of its init) die first and its init reports
+        how the job ended, with the CPU time it used, before the rest goes."""
+        if self.job_pid_ns:
+            self.kill_in_job_namespace(pid)
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
@@ -421,6 +432,29 @@ class Zygote:
                 os.kill(-1, signal.SIGKILL)  # everything in our namespace but us and its init
             except OSError:
                 pass
+
+    def kill_in_job_namespace(self, pid: int) -> None:
+        """`pid` is the process that waits for the job's init: kill the init's children (the job and what it
+        left) and give the init and `pid` a moment to report and exit."""
+        children: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    stat = fh.read()
+                children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
+            except (OSError, ValueError):
+                continue
+        for init in children.get(pid, []):
+            for proc in children.get(init, []):
+                try:
+                    os.kill(proc, signal.SIGKILL)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not _exited(pid):
+            time.sleep(0.002)
 
     def empty_namespace(self) -> None:
         """In our own PID namespace: kill and reap until only the zygote (its init) and we are left (a
@@ -502,7 +536,13 @@ class Zygote:
                 pid = -1
                 server.send(json.dumps({"error": f"fork server: cannot fork the job: {exc}"}).encode())
             if pid == 0:
-                self.child(code_fd, request["language"], request["timeout"], request["workdir"], out_w, err_w, st_w)
+                job = (code_fd, request["language"], request["timeout"], request["workdir"], out_w, err_w, st_w)
+                if self.job_pid_ns:
+                    try:
+                        self.job_namespace(server, job)
+                    finally:
+                        os._exit(125)  # never back into the fork server's loop
+                self.child(*job)
             for fd in fds:
                 os.close(fd)
             if pid < 0:
@@ -518,6 +558,75 @@ class Zygote:
                 return
             ended = {"status": status, "cpu_time": usage.ru_utime + usage.ru_stime, "clean": not self.dirty}
             server.send(json.dumps(ended).encode())
+
+    def job_namespace(self, server: socket.socket, job: tuple) -> None:  # pragma: no cover - runs forked
+        """In the fork server's child: a new PID and mount namespace whose init (its first process) mounts a
+        /proc of its own and forks the job. This process waits for that init and ends as the job ended (its
+        exit code, or its signal), so the fork server's wait sees the job's status and CPU time. When the
+        job's main process exits, its init exits, and the kernel kills whatever else is left in the namespace;
+        the fork server's kill(-1) reaches them all too."""
+        server.close()
+        notes = job[-1]
+        try:
+            if _LIBC.unshare(_CLONE_NEWPID | _CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID | CLONE_NEWNS) failed")
+            status_r, status_w = os.pipe()
+            init = os.fork()
+        except BaseException as exc:
+            os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
+            os._exit(125)
+        if init == 0:
+            os.close(status_r)
+            self.job_init(job, status_w)
+        os.close(status_w)
+        for fd in (job[0], *job[4:]):
+            os.close(fd)
+        os.waitpid(init, 0)
+        data = os.read(status_r, 4)
+        status = struct.unpack("i", data)[0] if len(data) == 4 else 125 << 8
+        if os.WIFSIGNALED(status):  # end as the job did: the same signal, with no core file
+            sig = os.WTERMSIG(status)
+            try:
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    _signal.signal(sig, _SIG_DFL)
+                    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
+                os.kill(os.getpid(), sig)
+            finally:
+                os._exit(128 + sig)  # a signal we could not raise on ourselves
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 125)
+
+    def job_init(self, job: tuple, status_w: int) -> None:  # pragma: no cover - init of the job's namespace
+        """PID 1 of the job's namespace: our mounts made private, a fresh /proc (only this namespace's
+        processes), then the job forked and every orphan reaped until the job's main process exits; its
+        wait status goes to the parent. The job cannot signal us (init: only signals we handle reach us from
+        inside, and we handle none) nor trace us (not dumpable, another uid or no capabilities)."""
+        notes = job[-1]
+        try:
+            if _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+                raise OSError(ctypes.get_errno(), "making the job's mounts private failed")
+            flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+            if _LIBC.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
+                raise OSError(ctypes.get_errno(), "mounting the job's /proc failed")
+            pid = os.fork()
+        except BaseException as exc:
+            os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
+            os._exit(125)
+        if pid == 0:
+            os.close(status_w)
+            self.child(*job)
+        for fd in (job[0], *job[4:]):
+            os.close(fd)
+        while True:
+            try:
+                done, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                status = 125 << 8
+                break
+            if done == pid:
+                break
+        os.write(status_w, struct.pack("i", status))
+        os._exit(0)
 
     def watch(self, pid: int, server: socket.socket) -> bool:  # pragma: no cover - runs in the fork server
         """Wait until the job's main process exits or the zygote asks to kill it; True when the zygote
@@ -559,7 +668,7 @@ class Zygote:
                 os.setgroups([])
                 os.setresgid(self.drop_gid, self.drop_gid, self.drop_gid)
                 os.setresuid(self.drop_uid, self.drop_uid, self.drop_uid)
-            elif os.getuid() == 0:
+            else:  # root in a user namespace, or a uid given capabilities (bwrap --cap-add): none for the job
                 _drop_all_capabilities()
             if not self.own_pid_ns:
                 _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -577,6 +686,14 @@ class Zygote:
             finally:
                 os._exit(125)
         os._exit(_run_python(code, self.stdio))
+
+
+def _can_unshare_pid() -> bool:
+    """Whether a child of ours can make a PID and mount namespace (CAP_SYS_ADMIN where we are)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the probe
+        os._exit(0 if _LIBC.unshare(_CLONE_NEWPID | _CLONE_NEWNS) == 0 else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def _sysv_in_use() -> bool:
@@ -710,6 +827,7 @@ def _facts(zygote: Zygote) -> dict:
         "root": sorted(os.listdir("/")),
         "python": sys.version.split()[0],
         "seccomp": zygote.seccomp is not None,
+        "job_pid_ns": zygote.job_pid_ns,
     }
 
 
