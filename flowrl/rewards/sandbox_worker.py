@@ -436,16 +436,7 @@ class Zygote:
     def kill_in_job_namespace(self, pid: int) -> None:
         """`pid` is the process that waits for the job's init: kill the init's children (the job and what it
         left) and give the init and `pid` a moment to report and exit."""
-        children: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    stat = fh.read()
-                children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
-            except (OSError, ValueError):
-                continue
+        children = _children()
         for init in children.get(pid, []):
             for proc in children.get(init, []):
                 try:
@@ -478,18 +469,7 @@ class Zygote:
         until none is left. Runs after the job itself was reaped."""
         me = os.getpid()
         for _ in range(100):
-            found = []
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{name}/stat", "rb") as fh:
-                        stat = fh.read()
-                    ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-                except (OSError, ValueError):
-                    continue
-                if ppid == me:
-                    found.append(int(name))
+            found = _children().get(me, [])
             if not found:
                 return
             for child in found:
@@ -686,6 +666,21 @@ class Zygote:
             finally:
                 os._exit(125)
         os._exit(_run_python(code, self.stdio))
+
+
+def _children() -> dict:
+    """Parent pid -> the pids of its children, from /proc (what we may see of it)."""
+    children: dict = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+            children.setdefault(int(stat[stat.rindex(b")") + 2 :].split()[1]), []).append(int(name))
+        except (OSError, ValueError):
+            continue
+    return children
 
 
 def _can_unshare_pid() -> bool:
