@@ -25,6 +25,11 @@ def demo(  # noqa: PLR0913  # a typer command: one parameter per option
         None, help="A toolboxv2 data dir to ingest (default: the FlowAgent 0.1.28 files shipped with flowrl)."
     ),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of reusing what an earlier run made."),
+    sample_data: bool = typer.Option(
+        False,
+        "--sample-data",
+        help="Print the folder of the sample FlowAgent files shipped with flowrl (for flowrl ingest), and exit.",
+    ),
 ) -> None:
     """Run the whole loop: capture, ingest, score, build, train, improve (rounds with held-out evals), export, \
 report."""
@@ -34,8 +39,11 @@ report."""
     from rich.console import Console
     from rich.progress import TaskID
 
-    from flowrl.demo.run import Demo, DemoConfig, StageResult  # lazy: keeps `flowrl --help` fast
+    from flowrl.demo.run import Demo, DemoConfig, StageResult, flowagent_fixtures  # lazy: keeps `flowrl --help` fast
 
+    if sample_data:  # a plain line on stdout, for `$(flowrl demo --sample-data)`
+        print(flowagent_fixtures())
+        return
     output_folder(out, "--out")
     cfg = DemoConfig(
         out=out,
