@@ -75,3 +75,21 @@ def test_watch_once_for_cron(flowagent_fixtures: Path, tmp_path: Path, capsys: p
     assert main(args) == 0
     out = _one_line(capsys.readouterr().out)
     assert "0 files read" in out and "0 new" in out  # nothing changed: nothing is read again
+
+
+def test_a_rejected_file_is_said_once(tmp_path: Path) -> None:
+    """`flowrl ingest garbage.json` printed its reject line twice (a log warning and the summary's list)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "garbage.json").write_text("garbage{")
+    done = subprocess.run(
+        [sys.executable, "-m", "flowrl.cli", "ingest", "garbage.json", "--store", "st"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("garbage.json: not valid JSON") == 1, done.stderr
+    assert len((done.stdout + done.stderr).strip().splitlines()) <= 4, done.stdout + done.stderr

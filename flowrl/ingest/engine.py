@@ -144,9 +144,9 @@ class Ingestor:
                     self.summary.reject(src.path, str(exc))
                 else:
                     log.debug("flowrl: ignoring %s", exc)
-            except IngestError as exc:
+            except IngestError as exc:  # the summary carries it (`rejected`): `flowrl ingest` prints it once
                 self.summary.reject(src.path, str(exc))
-                log.warning("flowrl: rejected %s", printable(str(exc)))
+                log.info("flowrl: rejected %s", printable(str(exc)))
         self.summary.masked = self.redactor.stats.masked
 
     def ingest_source(self, src: Source, raw: bytes | None = None) -> Iterator[ExecutionTrace]:
