@@ -140,3 +140,22 @@ def test_full_model_folder_is_used_as_is(tmp_path: Path) -> None:
 def test_unknown_format_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="gguf or safetensors"):
         ExportPipeline(tmp_path, tmp_path / "out", format="onnx")
+
+
+def test_cli_export_prints_its_steps_and_no_library_noise(adapter_dir: Path, tmp_path: Path) -> None:
+    """`flowrl export` ended in transformers' FutureWarning and its "Loading weights" / "Writing model shards" /
+    "Converting and de-quantizing" bars between its own lines (issue 39)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "flowrl.cli", "export", "--model", str(adapter_dir), "--out", str(tmp_path / "e")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    noise = ("Warning", "Loading weights", "Writing model shards", "de-quantizing", "it/s]")
+    assert [line for line in (done.stdout + done.stderr).splitlines() if any(n in line for n in noise)] == []
+    assert "merged model" in done.stdout and "Modelfile" in done.stdout

@@ -68,7 +68,9 @@ def export(  # noqa: PLR0913  # a typer command: one parameter per option
         overwrite=overwrite,
         progress=lambda step: console.print(f"[bold]·[/bold] {step}", highlight=False),
     )
-    with console.status("exporting"):
+    from flowrl.quiet import quiet_libraries  # lazy: keeps `flowrl --help` fast
+
+    with console.status("exporting"), quiet_libraries(bars=False):  # the steps above say what happens
         result = pipeline.run()
     console.print(f"merged model  {result.model_dir}", highlight=False)
     if result.gguf_path:

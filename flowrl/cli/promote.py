@@ -129,8 +129,10 @@ def _export_promoted(record: Any, export: Path | None, ollama: str | None) -> No
     staged, old = export.parent / f".{export.name}.new", export.parent / f".{export.name}.old"
     for leftover in (staged, old):  # of an export that was stopped
         shutil.rmtree(leftover, ignore_errors=True)
+    from flowrl.quiet import quiet_libraries  # lazy: keeps `flowrl --help` fast
+
     try:
-        with console.status(f"exporting {promoted}"):
+        with console.status(f"exporting {promoted}"), quiet_libraries(bars=False):
             result = ExportPipeline(Path(promoted), staged, ollama_name=ollama).run()
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

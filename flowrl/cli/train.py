@@ -6,7 +6,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from flowrl.train.config import TrainingConfig
 
 
 def _quiet_known_warnings() -> None:
-    # transformers 5.23 warns about its own deprecated alias when TRL/PEFT read it; nothing a user can act on
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+    from flowrl.quiet import ignore_known_deprecations  # lazy: keeps `flowrl --help` fast
+
+    ignore_known_deprecations()
 
 
 @contextmanager
@@ -37,21 +38,9 @@ def _progress_bars(show: bool) -> Iterator[None]:
     """With `--no-progress`, silence the loading and tokenising bars too (transformers' "Loading weights",
     datasets' map/filter bars, huggingface_hub's), not only TRL's training bar; each comes back on exit, so a
     caller of `main()` keeps its own settings."""
-    if show:
-        yield
-        return
-    import datasets
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
+    from flowrl.quiet import quiet_libraries  # lazy: keeps `flowrl --help` fast
 
-    with ExitStack() as stack:
-        stack.enter_context(disable_progress_bars())  # re-enables on exit only if it was enabled
-        if hf_logging.is_progress_bar_enabled():
-            hf_logging.disable_progress_bar()
-            stack.callback(hf_logging.enable_progress_bar)
-        if datasets.is_progress_bar_enabled():
-            datasets.disable_progress_bars()
-            stack.callback(datasets.enable_progress_bars)
+    with quiet_libraries(bars=show):
         yield
 
 

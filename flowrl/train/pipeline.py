@@ -17,7 +17,6 @@ import logging
 import shutil
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from flowrl.errors import ConfigError, ModelError, TrainingError
 from flowrl.methods import get_method
 from flowrl.models import DEFAULT_MODEL, ResolvedModel, resolve_model
+from flowrl.quiet import quiet_libraries
 from flowrl.train.agent_grpo import resolve_adapter, tasks_data
 from flowrl.train.card import render_training_card
 from flowrl.train.config import TrainingConfig
@@ -58,12 +58,6 @@ RUN_OUTPUTS = (
     "runs",
 )
 # a folder holding one of these has a saved model or run record: only --resume or --overwrite may touch it
-# FutureWarnings transformers 5 gives when TRL or PEFT use its old names (`is_gradient_checkpointing`,
-# `gradient_checkpointing_enable` / `_disable`): printed on every run, fixed upstream, nothing a user can do
-KNOWN_DEPRECATIONS = (
-    r".*`is_gradient_checkpointing` is deprecated",
-    r".*`gradient_checkpointing_(en|dis)able` is deprecated",
-)
 SAVED_MARKERS = (RUN_FILE, "adapter_model.safetensors", "model.safetensors")
 
 
@@ -376,9 +370,7 @@ class TrainingPipeline:
         self.agent = agent  # an AgentAdapter (or `config.agent`): GRPO rollouts through the agent's own loop
 
     def run(self) -> TrainResult:
-        with warnings.catch_warnings():
-            for alias in KNOWN_DEPRECATIONS:  # transformers' own renames, read by TRL and PEFT: nothing to act on
-                warnings.filterwarnings("ignore", message=alias, category=FutureWarning)
+        with quiet_libraries():  # transformers' own renames, read by TRL and PEFT: nothing to act on
             trainer = RLTrainer(
                 self.config,
                 hardware=self.hardware,
