@@ -1,7 +1,7 @@
 """Does GRPO add to SFT? `flowrl improve --method grpo` from the SFT benchmark's last adapter (issue 37).
 
     python bench/bench_grpo.py --sft DIR/seed-0 [--out DIR] [--rounds 2] [--train-tasks 100] [--eval-tasks 250]
-                               [--hold-out-families mulsub,atomic-number]
+                               [--max-steps N]
 
 `--sft` is one seed's folder of `bench/bench_improve.py` (its `improve.json` gives the seed, the split and the
 held-out families; its last `round-<r>/adapter` is where GRPO starts). GRPO runs on the same train tasks, with
@@ -39,6 +39,12 @@ def main() -> int:
     parser.add_argument("--train-tasks", type=int, default=100)
     parser.add_argument("--eval-tasks", type=int, default=250)
     parser.add_argument("--engine", default="auto")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="optimizer steps a round (default: the command's, one pass over the kept groups, 2 steps a batch)",
+    )
     args = parser.parse_args()
 
     from bench_improve import StageClock  # this folder is on sys.path when the script runs
@@ -62,6 +68,7 @@ def main() -> int:
         engine=args.engine,
         hold_out_families=sft.get("hold_out_families"),
         unseen_tasks=sft.get("unseen_tasks", 60),
+        max_steps=args.max_steps,
     )
     train, held_out = example_tasks(
         args.train_tasks, args.eval_tasks, seed=cfg.seed, hold_out=cfg.unseen_families, unseen=cfg.unseen_tasks

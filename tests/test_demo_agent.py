@@ -106,3 +106,25 @@ def test_the_demos_improve_line_gives_mcnemars_p_and_says_when_it_is_not_signifi
     large = {f"t{i}": {"base": i < 2, "round-1": i < 40} for i in range(150)}
     write_eval_json(tmp_path / "large.json", summarize(large, base="base"))
     assert _significance(tmp_path / "large.json", "round-1") == "McNemar p = 7.28e-12"
+
+
+def test_the_demo_does_not_warn_about_the_grpo_it_chose() -> None:
+    """`make demo` warned that single-turn GRPO executes no tool, a choice the demo made itself (issue 39): its
+    train line says it, and the trainer's warning is held back for the demo's run only."""
+    import logging
+
+    from flowrl.demo.run import _SaidByTheDemo
+
+    said = _SaidByTheDemo()
+    warning = logging.LogRecord(
+        "flowrl.train.trainers", logging.WARNING, __file__, 1,
+        "flowrl: %d of %d prompts in %s offer tools, but --method grpo without --agent executes none: ...",
+        (3, 3, "data"), None,
+    )  # fmt: skip
+    other = logging.LogRecord("flowrl.train.trainers", logging.WARNING, __file__, 1, "TRL dropped rows", (), None)
+    assert not said.filter(warning) and said.filter(other)
+    import inspect
+
+    from flowrl.train.trainers import warn_unexecuted_tools
+
+    assert "without --agent executes none" in inspect.getsource(warn_unexecuted_tools)  # the filter matches it

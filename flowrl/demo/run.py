@@ -235,7 +235,13 @@ class Demo:
             learning_rate=2e-4,
             progress_bar=False,
         )
-        TrainingPipeline(cfg).run()
+        said = _SaidByTheDemo()
+        trainers = logging.getLogger("flowrl.train.trainers")
+        trainers.addFilter(said)
+        try:
+            TrainingPipeline(cfg).run()
+        finally:
+            trainers.removeFilter(said)
         return out
 
     def stage_train(self) -> tuple[str, bool]:
@@ -244,7 +250,8 @@ class Demo:
         for method, steps in (("kto", self.cfg.kto_steps), ("grpo", self.cfg.grpo_steps)):
             run = self._train(method, steps)
             last = _last_metrics(run / "metrics.jsonl")
-            parts.append(f"{method} {last.get('step', '?')} steps (loss {_f(last.get('loss'))})")
+            note = " (single-turn: tool calls not executed; --agent example runs them)" if method == "grpo" else ""
+            parts.append(f"{method} {last.get('step', '?')} steps (loss {_f(last.get('loss'))}){note}")
             self.on_progress("train", len(parts), 2)
         return "; ".join(parts), reused
 
@@ -301,6 +308,14 @@ class Demo:
         res = make_report(self.store, self.out / "report", runs)
         self.result.report = res.html
         return f"{res.html} ({res.metrics.traces} traces, {len(res.pngs)} charts)", False
+
+
+class _SaidByTheDemo(logging.Filter):
+    """The demo chose single-turn GRPO on prompts that offer tools, and its train line says so: the trainer's
+    warning about that choice (meant for a user who did not know) is not repeated on the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "without --agent executes none" not in record.getMessage()
 
 
 @contextlib.contextmanager
