@@ -61,6 +61,7 @@ def _llama_thread() -> ThreadPoolExecutor:
 
 
 def llama_cpp_available() -> bool:
+    ignore_llama_devnull()  # importing it opens the two /dev/null files it never closes
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
