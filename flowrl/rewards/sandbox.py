@@ -267,8 +267,8 @@ class Sandbox:
                     raise WorkerDied(problem)
                 if launch.config.get("own_pid_ns") and not facts.get("job_pid_ns"):
                     log.warning(
-                        "flowrl sandbox: %s could not give each job its own PID namespace (no CAP_SYS_ADMIN there), "
-                        "so a job sees the worker's processes and, as the same uid, can signal them",
+                        "flowrl sandbox: %s could not give the jobs a PID namespace of their own (no CAP_SYS_ADMIN "
+                        "there), so a job sees the worker's processes and, as the same uid, can signal them",
                         level,
                     )
                 if not facts.get("seccomp"):

@@ -22,9 +22,10 @@ entered. The job's fork starts a new session (so the whole group can be killed),
 temporary working directory, stdin on /dev/null, stdout/stderr on bounded pipes, a clean environment,
 rlimits (address space, CPU seconds, file size, open files, core 0, processes, POSIX message queues 0),
 no_new_privs, a seccomp filter refusing the kernel keyrings, and, when the zygote runs as root, an
-unprivileged uid/gid (65534 by default) or else no capabilities. In the zygote's own PID namespace each
-job also gets a PID and mount namespace of its own, whose init mounts a fresh /proc and forks the job:
-the job sees that init and itself, never the zygote, the fork server or an earlier job's leftovers.
+unprivileged uid/gid (65534 by default) or else no capabilities. In the zygote's own PID namespace the
+fork server is init of a PID and mount namespace of its own, with its own /proc, where the jobs run: a job
+sees the fork server (PID 1: as init it takes no signal from inside, and it is not dumpable) and its own
+processes, never the zygote that holds every job's code and output.
 After the job every process it left behind is killed, its files are deleted and, in the worker's own
 IPC namespace, every System V object is removed. What cannot be cleaned retires the worker: the reply
 says "retire" and the zygote exits, taking its namespaces with it.
@@ -151,8 +152,9 @@ class Zygote:
         self.out_fd = out_fd
         self.cfg = config
         self.own_pid_ns = bool(config.get("own_pid_ns")) and os.getpid() == 1
-        # Each job in a PID and mount namespace of its own, with its own /proc: it sees itself and that
-        # namespace's init, not us, the fork server or an earlier job's leftovers (needs CAP_SYS_ADMIN here).
+        # The fork server as init of a PID and mount namespace of its own, with its own /proc, where the jobs
+        # run: a job sees it (PID 1) and its own processes, never us; as init it takes no signal from inside
+        # (none it has no handler for: it has none) and it is not dumpable. Needs CAP_SYS_ADMIN here.
         self.job_pid_ns = self.own_pid_ns and _can_unshare_pid()
         self.private_tmp = bool(config.get("private_tmp"))
         # Where job directories go: our private /tmp, or (shared /tmp) a folder the host made for us.
@@ -185,6 +187,8 @@ class Zygote:
     def start_fork_server(self) -> None:
         """Fork the fork server now, while nothing of any job is in our memory."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if self.job_pid_ns and _LIBC.unshare(_CLONE_NEWPID) != 0:  # our next child: init of a new namespace
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the fork server
             status = 1
@@ -192,6 +196,8 @@ class Zygote:
                 ours.close()
                 os.close(self.in_fd)
                 os.close(self.out_fd)
+                if self.job_pid_ns:
+                    _own_proc()
                 _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # what a job leaves behind comes to us
                 self.fork_jobs(theirs)
                 status = 0
@@ -418,11 +424,7 @@ class Zygote:
             resource.setrlimit(which, pair)
 
     def kill_job(self, pid: int) -> None:
-        """Kill the job's process group and, in our own PID namespace, everything else in it. With a
-        namespace per job, the job's processes (the children of its init) die first and its init reports
-        how the job ended, with the CPU time it used, before the rest goes."""
-        if self.job_pid_ns:
-            self.kill_in_job_namespace(pid)
+        """Kill the job's process group and, in our own PID namespace, everything else in it."""
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
@@ -432,20 +434,6 @@ class Zygote:
                 os.kill(-1, signal.SIGKILL)  # everything in our namespace but us and its init
             except OSError:
                 pass
-
-    def kill_in_job_namespace(self, pid: int) -> None:
-        """`pid` is the process that waits for the job's init: kill the init's children (the job and what it
-        left) and give the init and `pid` a moment to report and exit."""
-        children = _children()
-        for init in children.get(pid, []):
-            for proc in children.get(init, []):
-                try:
-                    os.kill(proc, signal.SIGKILL)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and not _exited(pid):
-            time.sleep(0.002)
 
     def empty_namespace(self) -> None:
         """In our own PID namespace: kill and reap until only the zygote (its init) and we are left (a
@@ -516,13 +504,7 @@ class Zygote:
                 pid = -1
                 server.send(json.dumps({"error": f"fork server: cannot fork the job: {exc}"}).encode())
             if pid == 0:
-                job = (code_fd, request["language"], request["timeout"], request["workdir"], out_w, err_w, st_w)
-                if self.job_pid_ns:
-                    try:
-                        self.job_namespace(server, job)
-                    finally:
-                        os._exit(125)  # never back into the fork server's loop
-                self.child(*job)
+                self.child(code_fd, request["language"], request["timeout"], request["workdir"], out_w, err_w, st_w)
             for fd in fds:
                 os.close(fd)
             if pid < 0:
@@ -538,75 +520,6 @@ class Zygote:
                 return
             ended = {"status": status, "cpu_time": usage.ru_utime + usage.ru_stime, "clean": not self.dirty}
             server.send(json.dumps(ended).encode())
-
-    def job_namespace(self, server: socket.socket, job: tuple) -> None:  # pragma: no cover - runs forked
-        """In the fork server's child: a new PID and mount namespace whose init (its first process) mounts a
-        /proc of its own and forks the job. This process waits for that init and ends as the job ended (its
-        exit code, or its signal), so the fork server's wait sees the job's status and CPU time. When the
-        job's main process exits, its init exits, and the kernel kills whatever else is left in the namespace;
-        the fork server's kill(-1) reaches them all too."""
-        server.close()
-        notes = job[-1]
-        try:
-            if _LIBC.unshare(_CLONE_NEWPID | _CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID | CLONE_NEWNS) failed")
-            status_r, status_w = os.pipe()
-            init = os.fork()
-        except BaseException as exc:
-            os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
-            os._exit(125)
-        if init == 0:
-            os.close(status_r)
-            self.job_init(job, status_w)
-        os.close(status_w)
-        for fd in (job[0], *job[4:]):
-            os.close(fd)
-        os.waitpid(init, 0)
-        data = os.read(status_r, 4)
-        status = struct.unpack("i", data)[0] if len(data) == 4 else 125 << 8
-        if os.WIFSIGNALED(status):  # end as the job did: the same signal, with no core file
-            sig = os.WTERMSIG(status)
-            try:
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                    _signal.signal(sig, _SIG_DFL)
-                    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
-                os.kill(os.getpid(), sig)
-            finally:
-                os._exit(128 + sig)  # a signal we could not raise on ourselves
-        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 125)
-
-    def job_init(self, job: tuple, status_w: int) -> None:  # pragma: no cover - init of the job's namespace
-        """PID 1 of the job's namespace: our mounts made private, a fresh /proc (only this namespace's
-        processes), then the job forked and every orphan reaped until the job's main process exits; its
-        wait status goes to the parent. The job cannot signal us (init: only signals we handle reach us from
-        inside, and we handle none) nor trace us (not dumpable, another uid or no capabilities)."""
-        notes = job[-1]
-        try:
-            if _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-                raise OSError(ctypes.get_errno(), "making the job's mounts private failed")
-            flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-            if _LIBC.mount(b"proc", b"/proc", b"proc", flags, None) != 0:
-                raise OSError(ctypes.get_errno(), "mounting the job's /proc failed")
-            pid = os.fork()
-        except BaseException as exc:
-            os.write(notes, f"setup:{type(exc).__name__}: {exc}".encode())
-            os._exit(125)
-        if pid == 0:
-            os.close(status_w)
-            self.child(*job)
-        for fd in (job[0], *job[4:]):
-            os.close(fd)
-        while True:
-            try:
-                done, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                status = 125 << 8
-                break
-            if done == pid:
-                break
-        os.write(status_w, struct.pack("i", status))
-        os._exit(0)
 
     def watch(self, pid: int, server: socket.socket) -> bool:  # pragma: no cover - runs in the fork server
         """Wait until the job's main process exits or the zygote asks to kill it; True when the zygote
@@ -683,11 +596,34 @@ def _children() -> dict:
     return children
 
 
+def _own_proc() -> None:  # pragma: no cover - runs in the fork server, init of its namespace
+    """A mount namespace of our own, with a /proc that shows our PID namespace only."""
+    if _LIBC.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    if _LIBC.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making our mounts private failed")
+    if _LIBC.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
+        raise OSError(ctypes.get_errno(), "mounting /proc failed")
+
+
 def _can_unshare_pid() -> bool:
-    """Whether a child of ours can make a PID and mount namespace (CAP_SYS_ADMIN where we are)."""
+    """Whether the fork server can be init of a PID and mount namespace with its own /proc (CAP_SYS_ADMIN here):
+    tried in a child, whose own child does what the fork server will."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the probe
-        os._exit(0 if _LIBC.unshare(_CLONE_NEWPID | _CLONE_NEWNS) == 0 else 1)
+        ok = 1
+        try:
+            if _LIBC.unshare(_CLONE_NEWPID) == 0:
+                inner = os.fork()
+                if inner == 0:
+                    try:
+                        _own_proc()
+                        os._exit(0)
+                    finally:
+                        os._exit(1)
+                ok = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
+        finally:
+            os._exit(ok)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
