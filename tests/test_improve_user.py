@@ -103,13 +103,17 @@ def test_the_example_suite_holds_out_whole_families() -> None:
     assert len(held) == 190 and sum(t.family in ("mulsub", "summul") for t in held) >= 40
 
 
-def test_two_agent_files_of_the_same_name_are_each_loaded_from_their_own_file(tmp_path: Path) -> None:
-    """`a/my_agent.py:make` then `b/my_agent.py:make`: the second was the first's module (imported by its bare name,
-    found in sys.modules), so a user's agent could silently be another one."""
+def test_an_agent_file_shadowed_by_another_module_of_its_name_is_refused(tmp_path: Path) -> None:
+    """`a/shadowed_agent.py:make` then `b/shadowed_agent.py:make`: the second was the first's module (imported by
+    its bare name, found in sys.modules), so a user's agent could silently be another one; likewise `json.py`."""
     for folder, says in (("a", "first"), ("b", "second")):
         (tmp_path / folder).mkdir()
-        (tmp_path / folder / "my_agent.py").write_text(f"def make(policy):\n    return {says!r}\n")
-    assert load_object(f"{tmp_path / 'a' / 'my_agent.py'}:make", "--agent")(None) == "first"
-    assert load_object(f"{tmp_path / 'b' / 'my_agent.py'}:make", "--agent")(None) == "second"
+        (tmp_path / folder / "shadowed_agent.py").write_text(f"def make(policy):\n    return {says!r}\n")
+    assert load_object(f"{tmp_path / 'a' / 'shadowed_agent.py'}:make", "--agent")(None) == "first"
+    with pytest.raises(
+        ConfigError, match=r"the module shadowed_agent here is .*a/shadowed_agent.py, not .*b/shadowed_agent.py: rename"
+    ):
+        load_object(f"{tmp_path / 'b' / 'shadowed_agent.py'}:make", "--agent")
     (tmp_path / "json.py").write_text("def dumps(x):\n    return 'mine'\n")  # a name already imported elsewhere
-    assert load_object(f"{tmp_path / 'json.py'}:dumps", "--grade")(1) == "mine"
+    with pytest.raises(ConfigError, match="rename json.py"):
+        load_object(f"{tmp_path / 'json.py'}:dumps", "--grade")

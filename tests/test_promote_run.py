@@ -154,7 +154,7 @@ def test_the_command_runs_your_agent_on_your_tasks(
     import flowrl.cli.promote as cli_promote
     from flowrl.cli import main
 
-    (tmp_path / "my_agent.py").write_text(
+    (tmp_path / "promote_agent.py").write_text(
         "class Agent:\n"
         "    def __init__(self, policy):\n"
         "        self.policy = policy\n"
@@ -183,7 +183,7 @@ def test_the_command_runs_your_agent_on_your_tasks(
     monkeypatch.setattr("flowrl.models.resolve_model", lambda spec: types.SimpleNamespace(path="base"))
     adapter = _adapter(tmp_path / "r1", ["a question no held-out task asks"])
     history = tmp_path / "promotions.jsonl"
-    agent = f"{tmp_path / 'my_agent.py'}:make"
+    agent = f"{tmp_path / 'promote_agent.py'}:make"
     args = [
         str(adapter),
         "--agent",

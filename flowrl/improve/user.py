@@ -128,7 +128,13 @@ def load_object(spec: str, what: str) -> Any:
             if str(path.parent) not in sys.path:
                 sys.path.insert(0, str(path.parent))
             module_name = path.stem
-            module = _file_module(path)
+            module = importlib.import_module(module_name)
+            found = Path(getattr(module, "__file__", None) or "<built in>")
+            if found.resolve() != path:  # imported by its bare name: another module of that name came first
+                raise ConfigError(
+                    f"{what} {spec!r}: the module {module_name} here is {found}, not {path}: rename {path.name}, or "
+                    "give it as MODULE:NAME from a package"
+                )
         else:
             if str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))
@@ -139,25 +145,3 @@ def load_object(spec: str, what: str) -> Any:
     if not callable(found):
         raise ConfigError(f"{what} {spec!r}: {module_name} has no callable {name!r}")
     return found
-
-
-def _file_module(path: Path) -> Any:
-    """The module of the file at `path`, loaded from that file: imported by its bare name, an `agent.py` would be
-    whatever module of that name was imported first (another folder's agent.py, or an installed package)."""
-    import hashlib
-    import importlib.util
-
-    name = f"flowrl_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} cannot be loaded as a module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before it runs: its dataclasses and pickles look it up there
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
