@@ -129,11 +129,11 @@ def load_object(spec: str, what: str) -> Any:
                 sys.path.insert(0, str(path.parent))
             module_name = path.stem
             module = importlib.import_module(module_name)
-            found = Path(getattr(module, "__file__", None) or "<built in>")
-            if found.resolve() != path:  # imported by its bare name: another module of that name came first
+            origin = Path(getattr(module, "__file__", None) or "<built in>")
+            if origin.resolve() != path:  # imported by its bare name: another module of that name came first
                 raise ConfigError(
-                    f"{what} {spec!r}: the module {module_name} here is {found}, not {path}: rename {path.name}, or "
-                    "give it as MODULE:NAME from a package"
+                    f"{what} {spec!r}: the module {module_name} here is {origin}, not {path}: rename {path.name}, "
+                    "or give it as MODULE:NAME from a package"
                 )
         else:
             if str(Path.cwd()) not in sys.path:
