@@ -201,3 +201,14 @@ def test_the_command_runs_your_agent_on_your_tasks(
     assert data["arms"]["current"]["successes"] == 0 and data["arms"]["candidate"]["successes"] == 100
     assert main(["promote", str(adapter), "--tasks", str(tasks), "--history", str(history)]) != 0
     assert "go with --agent" in capsys.readouterr().err
+
+
+def test_the_record_names_models_by_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrl promote improve-out/round-1/adapter` recorded the relative path, which a server following the record
+    from another folder (`flowrl serve BASE --promotions ...`) could not load."""
+    monkeypatch.chdir(tmp_path)
+    _adapter(tmp_path / "r1", ["a question no held-out task asks"])
+    history = History(tmp_path / "promotions.jsonl")
+    evaluate = Evaluator({None: 3, str(Path("r1/adapter")): 40})
+    result = promote(Path("r1/adapter"), evaluate=evaluate, tasks=TASKS[:150], history=history, out=tmp_path / "p")
+    assert result.entry.action == "promote" and history.current() == str(tmp_path / "r1" / "adapter")

@@ -201,7 +201,7 @@ class Improve:
             reason = f"not promoted: {problem}"
         entry = Entry(
             "promote" if decision.promote and not leaked and not problem else "refuse",
-            candidate=str(adapter),
+            candidate=str(Path(adapter).resolve()),  # absolute: a server following the record runs elsewhere
             replaced=promoted,
             eval_path=str(eval_path),
             eval_sha256=sha256_of(eval_path),

@@ -113,8 +113,8 @@ def promote(
     entry = history.append(
         Entry(
             "promote" if decision.promote else "refuse",
-            candidate=str(candidate),
-            replaced=None if current is None else str(current),
+            candidate=str(candidate.resolve()),  # absolute: a server following the record runs elsewhere
+            replaced=None if current is None else str(Path(current).resolve()),
             eval_path=str(eval_path),
             eval_sha256=sha256_of(eval_path),
             held_out=held_out,
