@@ -243,3 +243,22 @@ def test_the_published_seed_0_repeat_recomputes() -> None:
     for arm in ("base", "round-2"):
         graded = {r["task_id"]: r["right"] for r in read_runs(folder / "eval-runs" / f"{arm}.jsonl.gz")}
         assert graded == {t["task_id"]: t["outcomes"][arm] for t in data["tasks"]}
+
+
+def test_the_published_grpo_round_recomputes() -> None:
+    """docs/results/grpo-seed0-2026-12-08 (issue 37): GRPO (2 steps on 4 of 59 kept groups) from the 50.5% SFT adapter
+    of seed 0: 151 of 310 against the adapter's 158, McNemar p = 0.21; the target families 0 and 0."""
+    from flowrl.evaluate.runs import read_runs
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "grpo-seed0-2026-12-08"
+    data = read_eval_json(folder / "round-1" / "eval.json")
+    assert verify(data) == []
+    assert {arm: v["successes"] for arm, v in data["arms"].items()} == {"base": 158, "round-1": 151}
+    (c,) = [c for c in data["comparisons"] if (c["a"], c["b"]) == ("base", "round-1")]
+    assert (c["only_a"], c["only_b"]) == (15, 8) and c["mcnemar_p"] == pytest.approx(0.21, abs=0.01)
+    target = ("multi-mul", "multi-add", "multi-muladd", "multi-subfrom", "summul")
+    rows = [t for t in data["tasks"] if t.get("family") in target]
+    assert len(rows) == 69 and not any(any(t["outcomes"].values()) for t in rows)
+    for arm in ("base", "round-1"):
+        graded = {r["task_id"]: r["right"] for r in read_runs(folder / "eval-runs" / f"{arm}.jsonl.gz")}
+        assert graded == {t["task_id"]: t["outcomes"][arm] for t in data["tasks"]}
