@@ -77,8 +77,16 @@ def serve(  # noqa: PLR0913  # a typer command: one parameter per option
         record = History(promotions)
         promoted = record.current()
         serving = Path(promoted) if promoted else None
-        if serving is not None:
-            plan = replace(load.plan(str(serving), engine=engine, base_model=str(plan.model_dir)), name=plan.name)
+        base_plan = plan
+
+        def promoted_plan(adapter: Path | None) -> Any:
+            """What to load for a promoted adapter: it on the base model, under the base's name (None: the base)."""
+            if adapter is None:
+                return base_plan
+            spec = load.plan(str(adapter), engine=engine, base_model=str(base_plan.model_dir))
+            return replace(spec, name=base_plan.name)
+
+        plan = promoted_plan(serving)
     where = plan.gguf or (f"{plan.model_dir} + {plan.adapter}" if plan.adapter else plan.model_dir)
     with console.status(f"loading {where} ({plan.engine})"):
         route, close = load.open_route(plan, **options)
@@ -87,15 +95,8 @@ def serve(  # noqa: PLR0913  # a typer command: one parameter per option
     if record is not None:
         from flowrl.promote.follow import Follower  # lazy: keeps `flowrl --help` fast
 
-        base = plan.model_dir
-
         def load_promoted(adapter: Path | None) -> Any:
-            spec = (
-                load.plan(str(adapter), engine=engine, base_model=str(base))
-                if adapter
-                else load.plan(model, engine=engine)
-            )
-            return load.open_route(replace(spec, name=served.name), **options)
+            return load.open_route(promoted_plan(adapter), **options)
 
         follower = Follower(served, record, load_promoted, serving=serving, close_current=close).start()
         close = follower.stop

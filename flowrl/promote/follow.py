@@ -23,6 +23,7 @@ from typing import Any
 
 from flowrl.errors import FlowRLError
 from flowrl.promote.history import History
+from flowrl.serve.load import nothing_to_stop
 from flowrl.serve.model import Route, ServedModel
 
 __all__ = ["Follower", "Load"]
@@ -117,7 +118,7 @@ class Follower:
             self._thread.join()
             self._thread = None
         self._stop_engine(self._close)
-        self._close = _nothing
+        self._close = nothing_to_stop
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
@@ -149,7 +150,3 @@ class Follower:
     @staticmethod
     def _label(model: Path | None) -> str:
         return "the base model" if model is None else str(model)
-
-
-def _nothing() -> None:
-    return None

@@ -187,8 +187,8 @@ def open_route(p: Plan, **options: Any) -> tuple[Route, Callable[[], None]]:
     engine (a llama-server process; nothing for an in-process one)."""
     backend = load_backend(p, **options)
     server = getattr(backend, "server", None)
-    return Route(backend, adapter=getattr(backend, "adapter_name", None)), (server.stop if server else _nothing)
+    return Route(backend, adapter=getattr(backend, "adapter_name", None)), (server.stop if server else nothing_to_stop)
 
 
-def _nothing() -> None:
-    return None
+def nothing_to_stop() -> None:
+    """The stop of an engine that runs in this process: nothing to do."""
